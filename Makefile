@@ -1,0 +1,32 @@
+# The two set-up commands of the README: `make serve` (the main job) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: serve test lint bench system-deps
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[all]' --group dev
+	touch $@
+
+## Run the epoch service on the embedded SQLite default (./data/ledger.db) on 127.0.0.1:8080.
+serve: $(STAMP)
+	$(BIN)/mcp-epoch serve --host 127.0.0.1 --port 8080
+
+system-deps:
+	bash tests/support/system-deps.sh
+
+## Lint, type-check and run the whole test suite.
+test: $(STAMP) system-deps lint
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check epochsvc operator tests bench
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python -m bench

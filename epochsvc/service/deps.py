@@ -1,0 +1,80 @@
+"""Dependencies shared by the routers: the store, settings and parsed path parameters."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+
+from epochsvc.service.errors import ApiError
+from epochsvc.service.longpoll import ChangeNotifier
+from epochsvc.service.metrics import Metrics
+from epochsvc.service.settings import Settings
+from epochsvc.service.store.base import EpochStore, UnknownEpoch
+from epochsvc.tokens import PodEpoch, ProcessEpoch, parse_epoch
+
+
+def get_store(request: Request) -> EpochStore:
+    store: EpochStore = request.app.state.store
+    return store
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_notifier(request: Request) -> ChangeNotifier:
+    notifier: ChangeNotifier = request.app.state.notifier
+    return notifier
+
+
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+Store = Annotated[EpochStore, Depends(get_store)]
+Config = Annotated[Settings, Depends(get_settings)]
+Notifier = Annotated[ChangeNotifier, Depends(get_notifier)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+
+EpochPath = Annotated[str, Path(max_length=64, description="a pod epoch, e.g. 9f2c1a7e-42")]
+
+
+def json_body(request: Request) -> None:
+    """Bodies are JSON: say so clearly rather than failing validation of raw bytes."""
+    has_body = request.headers.get("content-length", "0") != "0" or (
+        "transfer-encoding" in request.headers
+    )
+    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if has_body and ctype != "application/json":
+        raise ApiError(
+            415,
+            "unsupported-media-type",
+            "send the body as JSON with Content-Type: application/json",
+        )
+
+
+def parse_any_epoch(store: EpochStore, raw: str) -> PodEpoch | ProcessEpoch:
+    """Parse a path epoch: malformed → 422; another ledger's (or never issued) → 404."""
+    try:
+        parsed = parse_epoch(raw)
+    except ValueError as exc:
+        raise ApiError(422, "malformed-epoch", str(exc)) from None
+    pod = parsed.pod if isinstance(parsed, ProcessEpoch) else parsed
+    if pod.ledger8 != store.ledger8 or pod.generation == 0:
+        raise UnknownEpoch(raw)
+    return parsed
+
+
+def pod_epoch(epoch: EpochPath, store: Store) -> PodEpoch:
+    parsed = parse_any_epoch(store, epoch)
+    if isinstance(parsed, ProcessEpoch):
+        raise ApiError(
+            422, "malformed-epoch", f"{epoch} is a process epoch; this call takes a pod epoch"
+        )
+    return parsed
+
+
+TargetPodEpoch = Annotated[PodEpoch, Depends(pod_epoch)]

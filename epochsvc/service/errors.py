@@ -1,0 +1,99 @@
+"""One JSON error shape, ``{"code", "message"}``, for everything the API refuses.
+
+Callers get a stable ``code`` they can branch on; nothing a caller sends may produce a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from epochsvc.service.lifecycle import LifecycleError
+from epochsvc.service.store.base import RequestConflict, StoreUnavailable, UnknownEpoch
+
+log = logging.getLogger("epochsvc.api")
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def error_response(
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
+
+
+_HTTP_CODES = {
+    404: "not-found",
+    405: "method-not-allowed",
+    413: "body-too-large",
+    415: "unsupported-media-type",
+}
+
+
+def _describe(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, "invalid-request", _describe(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 413:
+            limit = app.state.settings.max_body_bytes
+            return error_response(
+                413, "body-too-large", f"request bodies are limited to {limit} bytes"
+            )
+        code = _HTTP_CODES.get(exc.status_code, f"http-{exc.status_code}")
+        return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(UnknownEpoch)
+    async def _unknown(_: Request, exc: UnknownEpoch) -> JSONResponse:
+        return error_response(404, "unknown-epoch", f"epoch {exc} was never issued by this ledger")
+
+    @app.exception_handler(LifecycleError)
+    async def _lifecycle(_: Request, exc: LifecycleError) -> JSONResponse:
+        return error_response(409, exc.code, exc.message)
+
+    @app.exception_handler(RequestConflict)
+    async def _conflict(_: Request, exc: RequestConflict) -> JSONResponse:
+        return error_response(409, "request-conflict", str(exc))
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        log.warning("store unavailable: %s", exc)
+        return error_response(
+            503,
+            "store-unavailable",
+            "the ledger database is unavailable; retry shortly",
+            {"Retry-After": "1"},
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return error_response(500, "internal", "internal error; see the service log")

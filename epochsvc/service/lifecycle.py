@@ -1,0 +1,96 @@
+"""The pod-epoch lifecycle as plain rules, so the store, the API and the tests share one truth.
+
+``pending → live → draining → retired`` and ``pending → abandoned``. Incarnations (process
+starts) may be registered while a pod epoch is pending or live: a container can start before
+the operator has seen its pod. A legal repeat (the same transition again, with the same pod) is
+a no-op; anything else that does not fit is an illegal transition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class State(StrEnum):
+    PENDING = "pending"
+    LIVE = "live"
+    DRAINING = "draining"
+    RETIRED = "retired"
+    ABANDONED = "abandoned"
+
+
+TOMBSTONES = frozenset({State.RETIRED, State.ABANDONED})
+
+
+class Action(StrEnum):
+    BIND = "bind"
+    DRAIN = "drain"
+    RETIRE = "retire"
+    ABANDON = "abandon"
+
+
+# action -> (states it may start from, state it leads to)
+_RULES: dict[Action, tuple[frozenset[State], State]] = {
+    Action.BIND: (frozenset({State.PENDING}), State.LIVE),
+    Action.DRAIN: (frozenset({State.LIVE}), State.DRAINING),
+    Action.RETIRE: (frozenset({State.LIVE, State.DRAINING}), State.RETIRED),
+    Action.ABANDON: (frozenset({State.PENDING}), State.ABANDONED),
+}
+INCARNATION_STATES = frozenset({State.PENDING, State.LIVE})
+
+
+class LifecycleError(Exception):
+    """A request the lifecycle forbids; ``code`` is stable for API clients."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What a transition does: ``None`` target means a no-op."""
+
+    target: State | None
+
+
+def plan(
+    epoch: str,
+    state: State,
+    action: Action,
+    *,
+    bound_uid: str | None = None,
+    pod_uid: str | None = None,
+) -> Step:
+    """Decide what ``action`` does to an epoch in ``state`` (raises LifecycleError if illegal)."""
+    sources, target = _RULES[action]
+    if action is Action.BIND and bound_uid is not None and pod_uid != bound_uid:
+        raise LifecycleError(
+            "pod-mismatch",
+            f"epoch {epoch} is bound to pod UID {bound_uid}, not {pod_uid}; "
+            "each pod gets its own epoch at admission",
+        )
+    if state is target:
+        return Step(None)
+    if action is Action.BIND and state in (State.DRAINING, State.RETIRED):
+        # A late bind of the pod that this epoch already belonged to changes nothing.
+        return Step(None)
+    if state not in sources:
+        allowed = ", ".join(sorted(s.value for s in sources))
+        raise LifecycleError(
+            "illegal-transition",
+            f"cannot {action.value} epoch {epoch}: it is {state.value} "
+            f"({action.value} needs {allowed})",
+        )
+    return Step(target)
+
+
+def check_incarnation(epoch: str, state: State) -> None:
+    if state not in INCARNATION_STATES:
+        raise LifecycleError(
+            "illegal-transition",
+            f"cannot register a process start for epoch {epoch}: it is {state.value}; "
+            "a pod epoch takes new incarnations only while pending or live",
+        )

@@ -1,0 +1,41 @@
+"""Prometheus metrics; one registry per app so that tests and several apps never collide."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from epochsvc.service.store.base import EpochStore
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.issued = Counter(
+            "epochsvc_epochs_issued_total",
+            "Pod epochs issued (idempotent repeats not counted)",
+            ["namespace", "server"],
+            registry=self.registry,
+        )
+        self.epochs = Gauge(
+            "epochsvc_epochs",
+            "Epochs in the ledger by server and state",
+            ["namespace", "server", "state"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "epochsvc_request_duration_seconds",
+            "Request latency by route (long polls included)",
+            ["method", "route", "status"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 60),
+            registry=self.registry,
+        )
+        self.waiters = Gauge(
+            "epochsvc_longpoll_waiters", "Long polls currently held", registry=self.registry
+        )
+
+    async def render(self, store: EpochStore, waiters: int) -> bytes:
+        self.waiters.set(waiters)
+        self.epochs.clear()
+        for namespace, server, state, count in await store.state_counts():
+            self.epochs.labels(namespace, server, state).set(count)
+        return generate_latest(self.registry)

@@ -1,0 +1,104 @@
+"""Pydantic models for every request and response body of the v1 API."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from epochsvc.service.lifecycle import State
+from epochsvc.service.store.base import EpochRecord
+from epochsvc.tokens import DNS1123_LABEL_PATTERN, UID_PATTERN
+
+K8sName = Annotated[
+    str, StringConstraints(pattern=rf"^{DNS1123_LABEL_PATTERN}$", min_length=1, max_length=63)
+]
+PodName = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        min_length=1,
+        max_length=253,
+    ),
+]
+Uid = Annotated[str, StringConstraints(pattern=rf"^{UID_PATTERN}$", max_length=128)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class IssueRequest(_Strict):
+    namespace: K8sName
+    server: K8sName = Field(description="the McpServer (or labelled Deployment) name")
+    request_uid: Uid = Field(description="the admission request UID; issuing is idempotent on it")
+
+
+class BindRequest(_Strict):
+    pod_name: PodName
+    pod_uid: Uid
+
+
+class IncarnationRequest(_Strict):
+    pod_name: PodName | None = None
+    pod_uid: Uid | None = None
+
+
+class Epoch(BaseModel):
+    epoch: str
+    generation: int
+    namespace: str
+    server: str
+    state: State
+    pod_name: str | None
+    pod_uid: str | None
+    incarnation: int | None = Field(description="the newest incarnation, or null")
+    process_epoch: str | None = Field(description="the newest process epoch, or null")
+    revision: int = Field(description="the ledger revision of this epoch's last change")
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def of(cls, r: EpochRecord) -> Epoch:
+        return cls(
+            epoch=r.epoch,
+            generation=r.generation,
+            namespace=r.namespace,
+            server=r.server,
+            state=r.state,
+            pod_name=r.pod_name,
+            pod_uid=r.pod_uid,
+            incarnation=r.incarnation,
+            process_epoch=r.process_epoch,
+            revision=r.revision,
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+        )
+
+
+class EpochLookup(Epoch):
+    """``GET /v1/epochs/{epoch}``; for a process epoch, also that process's own state."""
+
+    requested: str
+    process_state: State | None = Field(
+        default=None,
+        description="for a process epoch: the pod epoch's state if it is the newest "
+        "incarnation, `retired` if a newer one replaced it",
+    )
+
+
+class Incarnation(BaseModel):
+    process_epoch: str
+    incarnation: int
+    epoch: Epoch
+
+
+class EpochList(BaseModel):
+    ledger_id: str
+    revision: int = Field(description="the ledger revision this list is consistent with")
+    epochs: list[Epoch]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str

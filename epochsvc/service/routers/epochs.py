@@ -1,0 +1,136 @@
+"""``/v1/epochs``: issue pod epochs, move them through their lifecycle, register process starts."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response, status
+
+from epochsvc.service.auth import AnyCaller, Operator
+from epochsvc.service.deps import (
+    EpochPath,
+    MetricsDep,
+    Notifier,
+    Store,
+    TargetPodEpoch,
+    json_body,
+    parse_any_epoch,
+)
+from epochsvc.service.lifecycle import Action, State
+from epochsvc.service.models import (
+    BindRequest,
+    Epoch,
+    EpochLookup,
+    ErrorBody,
+    Incarnation,
+    IncarnationRequest,
+    IssueRequest,
+)
+from epochsvc.service.store.base import UnknownEpoch
+from epochsvc.tokens import ProcessEpoch
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 415, 422, 503)
+}
+router = APIRouter(
+    prefix="/v1/epochs", tags=["epochs"], responses=_ERRORS, dependencies=[Depends(json_body)]
+)
+
+
+@router.post("", response_model=Epoch, status_code=status.HTTP_201_CREATED)
+async def issue_epoch(
+    body: IssueRequest,
+    response: Response,
+    store: Store,
+    notifier: Notifier,
+    metrics: MetricsDep,
+    _: Operator,
+) -> Epoch:
+    """Issue a pod epoch for an admission request; the same ``request_uid`` gets the same epoch
+    (200 instead of 201)."""
+    record, created = await store.issue(body.namespace, body.server, body.request_uid)
+    if created:
+        notifier.notify()
+        metrics.issued.labels(body.namespace, body.server).inc()
+    else:
+        response.status_code = status.HTTP_200_OK
+    return Epoch.of(record)
+
+
+async def _transition(
+    store: Store,
+    notifier: Notifier,
+    epoch: TargetPodEpoch,
+    action: Action,
+    body: BindRequest | None = None,
+) -> Epoch:
+    record = await store.transition(
+        epoch.generation,
+        action,
+        pod_name=body.pod_name if body else None,
+        pod_uid=body.pod_uid if body else None,
+    )
+    notifier.notify()  # a no-op wakes waiters that simply go back to waiting
+    return Epoch.of(record)
+
+
+@router.post("/{epoch}/bind", response_model=Epoch)
+async def bind_epoch(
+    epoch: TargetPodEpoch, body: BindRequest, store: Store, notifier: Notifier, _: Operator
+) -> Epoch:
+    """The pod was seen: bind its name and UID (pending → live)."""
+    return await _transition(store, notifier, epoch, Action.BIND, body)
+
+
+@router.post("/{epoch}/drain", response_model=Epoch)
+async def drain_epoch(
+    epoch: TargetPodEpoch, store: Store, notifier: Notifier, _: Operator
+) -> Epoch:
+    """The pod has a deletion timestamp (live → draining)."""
+    return await _transition(store, notifier, epoch, Action.DRAIN)
+
+
+@router.post("/{epoch}/retire", response_model=Epoch)
+async def retire_epoch(
+    epoch: TargetPodEpoch, store: Store, notifier: Notifier, _: Operator
+) -> Epoch:
+    """The pod is gone (live or draining → retired)."""
+    return await _transition(store, notifier, epoch, Action.RETIRE)
+
+
+@router.post(
+    "/{epoch}/incarnations", response_model=Incarnation, status_code=status.HTTP_201_CREATED
+)
+async def register_incarnation(
+    epoch: TargetPodEpoch,
+    store: Store,
+    notifier: Notifier,
+    _: AnyCaller,
+    body: IncarnationRequest | None = None,
+) -> Incarnation:
+    """A process started in the pod: its process epoch is the next incarnation; older
+    incarnations of the pod epoch stop counting as live."""
+    record = await store.register_incarnation(
+        epoch.generation, pod_uid=body.pod_uid if body else None
+    )
+    notifier.notify()
+    assert record.incarnation is not None and record.process_epoch is not None
+    return Incarnation(
+        process_epoch=record.process_epoch, incarnation=record.incarnation, epoch=Epoch.of(record)
+    )
+
+
+@router.get("/{epoch}", response_model=EpochLookup)
+async def get_epoch(epoch: EpochPath, store: Store, _: AnyCaller) -> EpochLookup:
+    """One pod or process epoch. A process epoch newer than the newest incarnation was never
+    issued (404); an older one belongs to a process that a restart replaced."""
+    parsed = parse_any_epoch(store, epoch)
+    if isinstance(parsed, ProcessEpoch):
+        record = await store.get(parsed.pod.generation)
+        newest = record.incarnation
+        if newest is None or parsed.incarnation > newest:
+            raise UnknownEpoch(epoch)
+        process_state = record.state if parsed.incarnation == newest else State.RETIRED
+        return EpochLookup(
+            **Epoch.of(record).model_dump(), requested=epoch, process_state=process_state
+        )
+    record = await store.get(parsed.generation)
+    return EpochLookup(**Epoch.of(record).model_dump(), requested=epoch)

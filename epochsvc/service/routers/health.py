@@ -1,0 +1,33 @@
+"""Probes and metrics. These need no credentials (kubelet and Prometheus call them)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from epochsvc.service.deps import MetricsDep, Notifier, Store
+from epochsvc.service.errors import ApiError
+from epochsvc.service.store.base import StoreUnavailable
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is up (no I/O: this is also the benchmark's framework ceiling)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(store: Store) -> dict[str, str]:
+    """Ready when the store answers."""
+    try:
+        await store.ping()
+    except StoreUnavailable as exc:
+        raise ApiError(503, "store-unavailable", str(exc)) from None
+    return {"status": "ready", "ledger_id": store.ledger_id}
+
+
+@router.get("/metrics")
+async def metrics(store: Store, notifier: Notifier, m: MetricsDep) -> Response:
+    body = await m.render(store, notifier.waiters)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,57 @@
+"""``/v1/servers/{namespace}/{server}/epochs``: a server's epochs, with a long poll."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from epochsvc.service.auth import AnyCaller
+from epochsvc.service.deps import Config, Notifier, Store
+from epochsvc.service.lifecycle import State
+from epochsvc.service.models import Epoch, EpochList, ErrorBody
+from epochsvc.tokens import DNS1123_LABEL_PATTERN
+
+router = APIRouter(
+    prefix="/v1/servers",
+    tags=["servers"],
+    responses={code: {"model": ErrorBody} for code in (401, 403, 422, 503)},
+)
+
+NameParam = Annotated[str, Path(pattern=rf"^{DNS1123_LABEL_PATTERN}$", max_length=63)]
+
+
+@router.get("/{namespace}/{server}/epochs", response_model=EpochList)
+async def list_epochs(
+    namespace: NameParam,
+    server: NameParam,
+    store: Store,
+    notifier: Notifier,
+    settings: Config,
+    _: AnyCaller,
+    state: Annotated[list[State] | None, Query(description="keep only these states")] = None,
+    since: Annotated[
+        int | None, Query(ge=0, description="a revision from an earlier answer")
+    ] = None,
+    wait: Annotated[
+        float, Query(ge=0, le=3600, description="with since: hold up to this many seconds")
+    ] = 0.0,
+) -> EpochList:
+    """All epochs of a server (tombstones too until compacted) and the ledger revision they are
+    consistent with. With ``since`` and ``wait`` the answer is held until a change newer than
+    ``since`` exists for this server or the wait ends; it is the full list either way."""
+    if since is not None and wait > 0:
+        await notifier.wait_for_change(
+            store,
+            namespace,
+            server,
+            since,
+            min(wait, settings.max_wait_seconds),
+            settings.poll_interval_seconds,
+        )
+    snapshot = await store.list_server(namespace, server, state or ())
+    return EpochList(
+        ledger_id=store.ledger_id,
+        revision=snapshot.revision,
+        epochs=[Epoch.of(r) for r in snapshot.epochs],
+    )

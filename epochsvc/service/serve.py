@@ -1,0 +1,65 @@
+"""``mcp-epoch serve``: run the epoch service under uvicorn and say where it listens."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import uvicorn
+
+from epochsvc import logs
+from epochsvc.service.app import create_app, resolve_tokens
+from epochsvc.service.settings import Settings
+from epochsvc.service.store.sql import describe_url
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """Prints the listening address once the app has started (lifespan done, store open)."""
+
+    announce = ""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            print(self.announce, flush=True)
+
+
+def serve(host: str, port: int, log_level: str | None = None) -> int:
+    try:
+        settings = Settings()
+        tokens, generated = resolve_tokens(settings)
+    except ValueError as exc:
+        print(f"mcp-epoch serve: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    level = log_level or settings.log_level
+    logs.configure(level)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        print(f"mcp-epoch serve: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    bound_port = sock.getsockname()[1]
+    url_host = f"[{host}]" if family == socket.AF_INET6 else host
+    for role in generated:
+        value = getattr(tokens, role)
+        print(
+            f"generated {role} token (set EPOCHSVC_{role.upper()}_TOKEN to choose one): {value}",
+            flush=True,
+        )
+    config = uvicorn.Config(
+        create_app(settings, tokens),
+        log_config=None,
+        log_level=level,
+        access_log=level == "debug",
+        timeout_graceful_shutdown=5,
+    )
+    server = _AnnouncingServer(config)
+    server.announce = (
+        f"epoch service listening on http://{url_host}:{bound_port} "
+        f"(store: {describe_url(settings.database_url)})"
+    )
+    server.run(sockets=[sock])
+    return 0 if server.started else 1

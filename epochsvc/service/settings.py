@@ -1,0 +1,30 @@
+"""Service settings, read from the environment with the prefix ``EPOCHSVC_``."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EPOCHSVC_", extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite:///./data/ledger.db",
+        description="sqlite:///path/to/file.db (embedded default) or postgresql://user:pw@host/db",
+    )
+    # Unset tokens are generated at start and printed once: there are no anonymous writes.
+    operator_token: SecretStr | None = None
+    replica_token: SecretStr | None = None
+    # A pending epoch whose pod is never seen becomes `abandoned` after this long.
+    pending_timeout_seconds: float = Field(default=600.0, gt=0)
+    # Retired and abandoned epochs are kept this long to classify late cursors, then compacted.
+    tombstone_ttl_seconds: float = Field(default=86400.0, ge=0)
+    sweep_interval_seconds: float = Field(default=10.0, gt=0)
+    # Long polls are held at most this long (below common proxy idle timeouts of 60 s).
+    max_wait_seconds: float = Field(default=55.0, gt=0)
+    # How often a long poll re-reads the store, so changes made by other service replicas
+    # sharing one PostgreSQL are seen even without an in-process notification.
+    poll_interval_seconds: float = Field(default=1.0, gt=0)
+    max_body_bytes: int = Field(default=16 * 1024, gt=0)
+    log_level: str = "info"

@@ -1,0 +1,115 @@
+"""The storage interface of the ledger; the API and the sweeper depend only on this."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from epochsvc.service.lifecycle import Action, State
+
+
+class UnknownEpoch(LookupError):
+    """The epoch was never issued by this ledger (or its tombstone was compacted)."""
+
+
+class RequestConflict(Exception):
+    """The same admission request UID was used for a different namespace or server."""
+
+
+class StoreUnavailable(Exception):
+    """The database cannot be reached; callers answer 503 and may retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class EpochRecord:
+    ledger8: str
+    generation: int
+    namespace: str
+    server: str
+    request_uid: str
+    state: State
+    pod_name: str | None
+    pod_uid: str | None
+    incarnation: int | None
+    revision: int
+    created_at: float
+    updated_at: float
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.ledger8}-{self.generation}"
+
+    @property
+    def process_epoch(self) -> str | None:
+        return None if self.incarnation is None else f"{self.epoch}.{self.incarnation}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSnapshot:
+    revision: int
+    epochs: list[EpochRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    abandoned: int
+    compacted: int
+
+
+class EpochStore(abc.ABC):
+    """A durable ledger. Every method is one transaction; every change bumps the revision."""
+
+    ledger_id: str
+
+    @property
+    def ledger8(self) -> str:
+        return self.ledger_id[:8]
+
+    @abc.abstractmethod
+    async def issue(
+        self, namespace: str, server: str, request_uid: str
+    ) -> tuple[EpochRecord, bool]:
+        """Issue a pod epoch, or return the one already issued for ``request_uid`` (bool: new)."""
+
+    @abc.abstractmethod
+    async def transition(
+        self,
+        generation: int,
+        action: Action,
+        *,
+        pod_name: str | None = None,
+        pod_uid: str | None = None,
+    ) -> EpochRecord: ...
+
+    @abc.abstractmethod
+    async def register_incarnation(
+        self, generation: int, *, pod_uid: str | None = None
+    ) -> EpochRecord: ...
+
+    @abc.abstractmethod
+    async def get(self, generation: int) -> EpochRecord: ...
+
+    @abc.abstractmethod
+    async def list_server(
+        self, namespace: str, server: str, states: Iterable[State] = ()
+    ) -> ServerSnapshot: ...
+
+    @abc.abstractmethod
+    async def server_revision(self, namespace: str, server: str) -> tuple[int, int]:
+        """(newest change revision of this server's epochs, the ledger revision)."""
+
+    @abc.abstractmethod
+    async def sweep(
+        self, now: float, pending_timeout: float, tombstone_ttl: float
+    ) -> SweepResult: ...
+
+    @abc.abstractmethod
+    async def state_counts(self) -> list[tuple[str, str, str, int]]:
+        """(namespace, server, state, count) for every non-empty group, for metrics."""
+
+    @abc.abstractmethod
+    async def ping(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...

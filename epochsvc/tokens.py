@@ -1,0 +1,110 @@
+"""The exact formats of epoch tokens and of the Kubernetes names that go with them.
+
+One module so that the service, the operator and the replica library all accept and reject
+exactly the same strings (see DESIGN.md, "Epochs"):
+
+- pod epoch      ``<ledger8>-<generation>``                e.g. ``9f2c1a7e-42``
+- process epoch  ``<pod epoch>.<incarnation>``             e.g. ``9f2c1a7e-42.0``
+
+``ledger8`` is eight lowercase hex digits; generation and incarnation are decimal integers
+without sign or leading zeros. Generation 0 is never issued by a ledger (generations start at 1),
+and incarnations at or above ``FALLBACK_INCARNATION_MIN`` are never issued either: both are
+reserved for processes that could not register with the service, so their cursors can never be
+mistaken for another process's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+LEDGER_PREFIX_LEN = 8
+# Bounded so that a token always fits comfortably in a header and a database column.
+MAX_DECIMAL_DIGITS = 19
+MAX_GENERATION = 2**63 - 1
+# The ledger issues incarnations 0, 1, 2, ... and refuses to go past this bound; random
+# fallback incarnations are drawn from [FALLBACK_INCARNATION_MIN, MAX_GENERATION].
+FALLBACK_INCARNATION_MIN = 2**40
+
+_DEC = rf"(?:0|[1-9][0-9]{{0,{MAX_DECIMAL_DIGITS - 1}}})"
+POD_EPOCH_PATTERN = rf"[0-9a-f]{{{LEDGER_PREFIX_LEN}}}-{_DEC}"
+PROCESS_EPOCH_PATTERN = rf"{POD_EPOCH_PATTERN}\.{_DEC}"
+POD_EPOCH_RE = re.compile(rf"\A({POD_EPOCH_PATTERN})\Z")
+PROCESS_EPOCH_RE = re.compile(rf"\A({POD_EPOCH_PATTERN})\.({_DEC})\Z")
+# Longest process epoch: 8 + 1 + 19 + 1 + 19.
+MAX_PROCESS_EPOCH_LEN = LEDGER_PREFIX_LEN + 1 + MAX_DECIMAL_DIGITS + 1 + MAX_DECIMAL_DIGITS
+
+# Kubernetes names (apimachinery's validation rules).
+DNS1123_LABEL_PATTERN = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+DNS1123_LABEL_RE = re.compile(rf"\A{DNS1123_LABEL_PATTERN}\Z")
+DNS1123_SUBDOMAIN_RE = re.compile(
+    r"\A(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
+)
+# Admission request UIDs and pod UIDs are UUIDs in practice; accept a safe superset.
+UID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+UID_RE = re.compile(rf"\A{UID_PATTERN}\Z")
+
+
+def _bounded_int(text: str, what: str) -> int:
+    value = int(text)
+    if value > MAX_GENERATION:
+        raise ValueError(f"{what} {text} is larger than {MAX_GENERATION}")
+    return value
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PodEpoch:
+    """A pod epoch: which ledger issued it and its generation in that ledger."""
+
+    ledger8: str
+    generation: int
+
+    def __str__(self) -> str:
+        return f"{self.ledger8}-{self.generation}"
+
+    @classmethod
+    def parse(cls, raw: str) -> PodEpoch:
+        if not isinstance(raw, str):
+            raise ValueError(f"a pod epoch must be a string, not {type(raw).__name__}")
+        if len(raw) > MAX_PROCESS_EPOCH_LEN or POD_EPOCH_RE.match(raw) is None:
+            raise ValueError(
+                f"malformed pod epoch {raw[:64]!r}: expected <8 hex digits>-<generation>, "
+                "e.g. 9f2c1a7e-42"
+            )
+        ledger8, gen = raw.split("-", 1)
+        return cls(ledger8, _bounded_int(gen, "generation"))
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ProcessEpoch:
+    """A process epoch: one process start (incarnation) of a pod epoch."""
+
+    pod: PodEpoch
+    incarnation: int
+
+    def __str__(self) -> str:
+        return f"{self.pod}.{self.incarnation}"
+
+    @property
+    def is_fallback(self) -> bool:
+        """True for epochs a ledger never issues (the process could not register)."""
+        return self.pod.generation == 0 or self.incarnation >= FALLBACK_INCARNATION_MIN
+
+    @classmethod
+    def parse(cls, raw: str) -> ProcessEpoch:
+        if not isinstance(raw, str):
+            raise ValueError(f"a process epoch must be a string, not {type(raw).__name__}")
+        m = PROCESS_EPOCH_RE.match(raw) if len(raw) <= MAX_PROCESS_EPOCH_LEN else None
+        if m is None:
+            raise ValueError(
+                f"malformed process epoch {raw[:64]!r}: expected "
+                "<8 hex digits>-<generation>.<incarnation>, e.g. 9f2c1a7e-42.0"
+            )
+        return cls(PodEpoch.parse(m.group(1)), _bounded_int(m.group(2), "incarnation"))
+
+
+def parse_epoch(raw: str) -> PodEpoch | ProcessEpoch:
+    """Parse either kind of epoch token (the service's ``GET /v1/epochs/{epoch}`` takes both)."""
+    if isinstance(raw, str) and "." in raw:
+        return ProcessEpoch.parse(raw)
+    return PodEpoch.parse(raw)

@@ -1,0 +1,124 @@
+"""The epoch service as a real process (``mcp-epoch serve``) on a loopback port."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+_LISTEN_RE = re.compile(r"listening on (http://\S+)")
+
+
+class EpochServiceProcess:
+    """Start, kill -9, stop and restart one epoch service process on one store.
+
+    The port is chosen once and kept across restarts, so clients can reconnect to the same URL.
+    """
+
+    def __init__(self, database_url: str, log_path: Path, **env: str) -> None:
+        self.database_url = database_url
+        self.log_path = log_path
+        self.operator_token = secrets.token_urlsafe(24)
+        self.replica_token = secrets.token_urlsafe(24)
+        self.extra_env = env
+        self.port = 0
+        self.url = ""
+        self.proc: subprocess.Popen[str] | None = None
+        self._log = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "EPOCHSVC_DATABASE_URL": self.database_url,
+            "EPOCHSVC_OPERATOR_TOKEN": self.operator_token,
+            "EPOCHSVC_REPLICA_TOKEN": self.replica_token,
+            **self.extra_env,
+        }
+
+    def start(self, timeout: float = 30.0) -> EpochServiceProcess:
+        assert self.proc is None, "already running"
+        log = self.log_path.open("a")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "epochsvc.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        found: list[str] = []
+        assert self.proc.stdout is not None
+        stdout = self.proc.stdout
+
+        def read() -> None:
+            for line in stdout:
+                log.write(line)
+                log.flush()
+                m = _LISTEN_RE.search(line)
+                if m and not found:
+                    found.append(m.group(1))
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not found:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"epoch service exited early; log:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"epoch service did not start; log:\n{self.tail()}")
+            time.sleep(0.05)
+        self.url = found[0]
+        self.port = int(self.url.rsplit(":", 1)[1])
+        return self
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown handlers run, as in a crash or an OOM kill."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+            self.proc = None
+
+    def restart(self) -> EpochServiceProcess:
+        self.stop()
+        return self.start()
+
+    def client(self, token: str | None = None, timeout: float = 10.0) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token or self.operator_token}"}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def async_client(self, token: str | None = None, timeout: float = 10.0) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token or self.operator_token}"}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)

@@ -1,0 +1,135 @@
+"""A real PostgreSQL server for the tests: initdb into a temporary folder, run on loopback.
+
+PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` user that
+Debian's package creates.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests.support.ports import free_port
+
+
+def _bin(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    for root in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (root / name).exists():
+            return str(root / name)
+    raise RuntimeError(
+        f"PostgreSQL's {name} is not installed: run `apt-get install -y postgresql` "
+        "(.ci/run does this)"
+    )
+
+
+class PostgresServer:
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="mcp-epoch-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._user = "postgres" if os.geteuid() == 0 else None
+        self._dbs = 0
+
+    def _run_as(self, argv: list[str]) -> list[str]:
+        return ["runuser", "-u", self._user, "--", *argv] if self._user else argv
+
+    def start(self) -> PostgresServer:
+        if self._user:
+            pw = pwd.getpwnam(self._user)
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+        subprocess.run(
+            self._run_as(
+                [
+                    _bin("initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+        )
+        log = (self.dir / "postgres.log").open("ab")
+        self.proc = subprocess.Popen(
+            self._run_as(
+                [
+                    _bin("postgres"),
+                    "-D",
+                    str(self.data),
+                    "-p",
+                    str(self.port),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    f"unix_socket_directories={self.dir}",
+                    "-c",
+                    "max_connections=200",
+                    "-c",
+                    "fsync=on",
+                ]
+            ),
+            stdout=log,
+            stderr=log,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            ok = subprocess.run(
+                [_bin("pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)], capture_output=True
+            )
+            if ok.returncode == 0:
+                return self
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL did not start:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def log_tail(self) -> str:
+        try:
+            return "\n".join((self.dir / "postgres.log").read_text().splitlines()[-30:])
+        except OSError:
+            return "(no log)"
+
+    def new_database(self) -> str:
+        """A fresh, empty database; returns its URL."""
+        self._dbs += 1
+        name = f"ledger{self._dbs}"
+        subprocess.run(
+            [
+                _bin("psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-q",
+                "-c",
+                f"CREATE DATABASE {name}",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except Exception:
+                self.proc.kill()
+            self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
