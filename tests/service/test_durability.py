@@ -1,0 +1,168 @@
+"""Crash and concurrency: the generation never repeats and acknowledged epochs survive kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import httpx
+
+from tests.conftest import ServiceFactory
+from tests.support.epochsvc_proc import EpochServiceProcess
+from tests.support.postgres import PostgresServer
+
+
+async def _issue_until_stopped(
+    svc: EpochServiceProcess,
+    acked: dict[str, dict[str, object]],
+    sent: list[str],
+    stop: asyncio.Event,
+) -> None:
+    async with svc.async_client(timeout=5) as c:
+        while not stop.is_set():
+            uid = str(uuid.uuid4())
+            sent.append(uid)
+            try:
+                r = await c.post(
+                    "/v1/epochs", json={"namespace": "ns", "server": "crash", "request_uid": uid}
+                )
+            except httpx.TransportError:
+                return  # the service died under us: this request was never acknowledged
+            assert r.status_code == 201, r.text
+            acked[uid] = r.json()
+
+
+async def _crash_run(
+    svc: EpochServiceProcess, clients: int
+) -> tuple[dict[str, dict[str, object]], list[str]]:
+    acked: dict[str, dict[str, object]] = {}
+    sent: list[str] = []
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(_issue_until_stopped(svc, acked, sent, stop)) for _ in range(clients)
+    ]
+    while len(acked) < 200:
+        await asyncio.sleep(0.02)
+    svc.kill()  # SIGKILL mid-flight: some requests are in the middle of their transaction
+    stop.set()
+    await asyncio.gather(*tasks)
+    return acked, sent
+
+
+def _check_after_restart(
+    svc: EpochServiceProcess, acked: dict[str, dict[str, object]], sent: list[str]
+) -> None:
+    gens = [int(str(e["generation"])) for e in acked.values()]
+    assert len(set(gens)) == len(gens), "a generation was acknowledged twice"
+    with svc.client() as c:
+        listed = c.get("/v1/servers/ns/crash/epochs").json()["epochs"]
+        stored = {e["epoch"]: e for e in listed}
+        for e in acked.values():
+            assert e["epoch"] in stored, f"acknowledged epoch {e['epoch']} lost in the crash"
+        # Retrying any request (acknowledged or cut off) after the crash never yields a
+        # generation that belongs to another request.
+        owner = {int(str(e["generation"])): uid for uid, e in acked.items()}
+        for uid in sent:
+            r = c.post(
+                "/v1/epochs", json={"namespace": "ns", "server": "crash", "request_uid": uid}
+            )
+            assert r.status_code in (200, 201), r.text
+            gen = r.json()["generation"]
+            assert owner.setdefault(gen, uid) == uid, f"generation {gen} issued twice"
+            if uid in acked:
+                assert r.status_code == 200 and r.json()["epoch"] == acked[uid]["epoch"]
+        fresh = c.post(
+            "/v1/epochs",
+            json={"namespace": "ns", "server": "crash", "request_uid": str(uuid.uuid4())},
+        ).json()
+        assert fresh["generation"] > max(owner)
+
+
+def test_kill9_while_issuing_loses_nothing(
+    service_factory: ServiceFactory, database_url: str
+) -> None:
+    svc = service_factory(database_url)
+    for _round in range(2):
+        acked, sent = asyncio.run(_crash_run(svc, clients=16))
+        svc.start()
+        _check_after_restart(svc, acked, sent)
+
+
+async def _issue_many(svc: EpochServiceProcess, prefix: str, n: int) -> list[int]:
+    async with svc.async_client(timeout=30) as c:
+
+        async def one(i: int) -> int:
+            r = await c.post(
+                "/v1/epochs",
+                json={"namespace": "ns", "server": "conc", "request_uid": f"{prefix}-{i}"},
+            )
+            assert r.status_code == 201, r.text
+            return int(r.json()["generation"])
+
+        sem = asyncio.Semaphore(32)
+
+        async def bounded(i: int) -> int:
+            async with sem:
+                return await one(i)
+
+        return list(await asyncio.gather(*(bounded(i) for i in range(n))))
+
+
+def test_concurrent_issuers_get_distinct_generations(
+    service_factory: ServiceFactory, database_url: str
+) -> None:
+    svc = service_factory(database_url)
+    gens = asyncio.run(_issue_many(svc, "c", 300))
+    assert sorted(gens) == list(range(1, 301))  # distinct, gap-free, from 1
+
+
+def test_two_service_processes_on_one_postgres(
+    service_factory: ServiceFactory, postgres: PostgresServer
+) -> None:
+    url = postgres.new_database()
+    a, b = service_factory(url), service_factory(url)
+
+    async def both() -> tuple[list[int], list[int]]:
+        ra, rb = await asyncio.gather(_issue_many(a, "a", 200), _issue_many(b, "b", 200))
+        return ra, rb
+
+    ga, gb = asyncio.run(both())
+    assert not set(ga) & set(gb), "two service processes issued the same generation"
+    assert sorted(ga + gb) == list(range(1, 401))
+    # Both processes serve one ledger.
+    with a.client() as ca, b.client() as cb:
+        assert ca.get("/readyz").json()["ledger_id"] == cb.get("/readyz").json()["ledger_id"]
+
+
+def test_long_poll_sees_changes_from_another_service_process(
+    service_factory: ServiceFactory, postgres: PostgresServer
+) -> None:
+    url = postgres.new_database()
+    a = service_factory(url)
+    b = service_factory(url)
+    b.operator_token, b.replica_token = a.operator_token, a.replica_token
+    b.restart()
+    with a.client() as ca, b.client() as cb:
+        rev = ca.get("/v1/servers/ns/lp/epochs").json()["revision"]
+
+        async def poll_a() -> tuple[float, dict[str, object]]:
+            async with a.async_client() as c:
+                t = time.monotonic()
+                r = await c.get(f"/v1/servers/ns/lp/epochs?since={rev}&wait=20")
+                return time.monotonic() - t, r.json()
+
+        async def scenario() -> tuple[float, dict[str, object]]:
+            task = asyncio.create_task(poll_a())
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(
+                cb.post,
+                "/v1/epochs",
+                json={"namespace": "ns", "server": "lp", "request_uid": "via-b"},
+            )
+            return await task
+
+        took, body = asyncio.run(scenario())
+        assert took < 5
+        epochs = body["epochs"]
+        assert isinstance(epochs, list) and len(epochs) == 1
