@@ -10,19 +10,23 @@ the ``ledger`` row, apart from the epochs, so compacting tombstones can never lo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import logging
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from epochsvc.service.lifecycle import (
     TOMBSTONES,
@@ -41,6 +45,7 @@ from epochsvc.service.store.base import (
     SweepResult,
     UnknownEpoch,
 )
+from epochsvc.service.store.groupcommit import GroupCommitter, NoChange
 from epochsvc.tokens import FALLBACK_INCARNATION_MIN
 
 log = logging.getLogger("epochsvc.store")
@@ -76,56 +81,84 @@ epochs_table = sa.Table(
     sa.Index("ix_epochs_state_updated", "state", "updated_at"),
 )
 
+T = TypeVar("T")
+# Threads for blocking reads (PostgreSQL; SQLite answers reads from memory).
+READ_THREADS = 4
 _LEDGER_ROW = 1
 _PG_INIT_LOCK = 0x6D6370  # advisory lock key: serialises schema creation across processes
 
 
-def _async_url(url: str) -> sa.URL:
-    """Map the user-facing URL to the async driver (sqlite→aiosqlite, postgresql→asyncpg)."""
+def _driver_url(url: str) -> sa.URL:
+    """Map the user-facing URL to its driver (sqlite→pysqlite, postgresql→psycopg 3)."""
     u = make_url(url)
     backend = u.get_backend_name()
     if backend == "sqlite":
         if not u.database or u.database == ":memory:":
             raise ValueError("the SQLite ledger must be a file (sqlite:///path/to/ledger.db)")
-        return u.set(drivername="sqlite+aiosqlite")
+        return u.set(drivername="sqlite+pysqlite")
     if backend in ("postgresql", "postgres"):
-        return u.set(drivername="postgresql+asyncpg")
+        return u.set(drivername="postgresql+psycopg")
     raise ValueError(f"unsupported database URL scheme {u.drivername!r}: use sqlite or postgresql")
 
 
 class SqlEpochStore(EpochStore):
-    def __init__(self, writer: AsyncEngine, reader: AsyncEngine, *, dialect: str) -> None:
+    """The ledger on one SQL database.
+
+    With SQLite the process holds an exclusive lock on the ledger file (two writers on one
+    file must never happen) and, being the only writer, keeps a write-through mirror of the
+    epochs in memory, so lookups and lists never touch the disk. PostgreSQL is shared by
+    several service processes, so its reads always go to the database.
+    """
+
+    def __init__(
+        self,
+        writer: Engine,
+        reader: Engine,
+        *,
+        dialect: str,
+        file_lock: _FileLock | None = None,
+    ) -> None:
         self._writer = writer
         self._reader = reader
+        self._lock = file_lock
         self.dialect = dialect
         self.ledger_id = ""
+        self._committer = GroupCommitter(writer, _store_error, self._remember)
+        self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="epochsvc-reader")
+        self._mirror: dict[int, EpochRecord] | None = None
+        self._revision = 0
 
     # --- set-up -------------------------------------------------------------------------
 
     @classmethod
     async def open(cls, url: str) -> SqlEpochStore:
-        aurl = _async_url(url)
-        if aurl.get_backend_name() == "sqlite":
-            store = cls(*_sqlite_engines(aurl), dialect="sqlite")
+        durl = _driver_url(url)
+        if durl.get_backend_name() == "sqlite":
+            lock = _FileLock.take(Path(durl.database or ""))
+            store = cls(*_sqlite_engines(durl), dialect="sqlite", file_lock=lock)
         else:
-            engine = create_async_engine(aurl, pool_size=10, max_overflow=10, pool_pre_ping=True)
+            engine = create_engine(
+                durl, pool_size=READ_THREADS + 1, max_overflow=4, pool_pre_ping=True
+            )
             store = cls(engine, engine, dialect="postgresql")
         try:
-            await store._initialise()
+            await store._call(store._initialise)
+            if store.dialect == "sqlite":
+                await store._call(store._load_mirror)
         except BaseException:
             await store.close()
             raise
         return store
 
-    async def _initialise(self) -> None:
-        async with self._tx() as conn:
+    def _initialise(self) -> None:
+        with self._tx() as conn:
             if self.dialect == "postgresql":
-                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_INIT_LOCK)))
-            await conn.run_sync(metadata.create_all)
-            row = (await conn.execute(sa.select(ledger_table.c.ledger_id))).first()
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_INIT_LOCK)))
+            metadata.create_all(conn)
+            row = (conn.execute(sa.select(ledger_table.c.ledger_id))).first()
             if row is None:
                 self.ledger_id = uuid.uuid4().hex
-                await conn.execute(
+                conn.execute(
                     ledger_table.insert().values(
                         id=_LEDGER_ROW,
                         ledger_id=self.ledger_id,
@@ -138,40 +171,69 @@ class SqlEpochStore(EpochStore):
             else:
                 self.ledger_id = row.ledger_id
 
+    def _load_mirror(self) -> None:
+        with self._read() as conn, conn.begin():
+            self._revision = int((conn.execute(sa.select(ledger_table.c.revision))).scalar_one())
+            rows = (conn.execute(sa.select(epochs_table))).all()
+        self._mirror = {int(r.generation): self._record(r) for r in rows}
+
+    def _remember(self, values: list[Any]) -> None:
+        """After each group commit: bring the mirror up to date, in commit order."""
+        if self._mirror is None:
+            return
+        for value in values:
+            record = value[0] if isinstance(value, tuple) else value
+            if isinstance(record, EpochRecord):
+                self._mirror[record.generation] = record
+                self._revision = max(self._revision, record.revision)
+
     async def close(self) -> None:
-        await self._writer.dispose()
+        await asyncio.get_running_loop().run_in_executor(None, self._close)
+
+    def _close(self) -> None:
+        self._committer.close()
+        self._readers.shutdown(wait=True)
+        self._writer.dispose()
         if self._reader is not self._writer:
-            await self._reader.dispose()
+            self._reader.dispose()
+        if self._lock is not None:
+            self._lock.release()
 
-    @asynccontextmanager
-    async def _tx(self) -> AsyncIterator[AsyncConnection]:
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
         try:
-            async with self._writer.begin() as conn:
+            with self._writer.begin() as conn:
                 yield conn
-        except (OperationalError, OSError) as exc:
-            raise StoreUnavailable(f"the ledger database is unavailable: {exc}") from exc
-        except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise StoreUnavailable(f"lost the ledger database connection: {exc}") from exc
-            raise
+        except Exception as exc:
+            raise _store_error(exc) from exc
 
-    @asynccontextmanager
-    async def _read(self) -> AsyncIterator[AsyncConnection]:
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
         try:
-            async with self._reader.connect() as conn:
+            with self._reader.connect() as conn:
                 yield conn
-        except (OperationalError, OSError) as exc:
-            raise StoreUnavailable(f"the ledger database is unavailable: {exc}") from exc
+        except Exception as exc:
+            raise _store_error(exc) from exc
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        """Run blocking database work off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._readers, fn)
+
+    async def _write(self, op: Callable[[Connection], T]) -> T:
+        try:
+            return await self._committer.submit(op)
+        except (OperationalError, OSError, DBAPIError) as exc:
+            raise _store_error(exc) from exc
 
     # --- helpers ------------------------------------------------------------------------
 
-    async def _bump(self, conn: AsyncConnection, *, generation: bool = False) -> tuple[int, int]:
+    def _bump(self, conn: Connection, *, generation: bool = False) -> tuple[int, int]:
         """Take the writer lock and return the new (revision, generation)."""
         values: dict[str, Any] = {"revision": ledger_table.c.revision + 1}
         if generation:
             values["generation"] = ledger_table.c.generation + 1
         row = (
-            await conn.execute(
+            conn.execute(
                 ledger_table.update()
                 .where(ledger_table.c.id == _LEDGER_ROW)
                 .values(**values)
@@ -196,24 +258,22 @@ class SqlEpochStore(EpochStore):
             updated_at=float(row.updated_at),
         )
 
-    async def _fetch(self, conn: AsyncConnection, generation: int) -> EpochRecord:
+    def _fetch(self, conn: Connection, generation: int) -> EpochRecord:
         row = (
-            await conn.execute(
-                sa.select(epochs_table).where(epochs_table.c.generation == generation)
-            )
+            conn.execute(sa.select(epochs_table).where(epochs_table.c.generation == generation))
         ).first()
         if row is None:
             raise UnknownEpoch(f"{self.ledger8}-{generation}")
         return self._record(row)
 
-    async def _update(
-        self, conn: AsyncConnection, generation: int, revision: int, **values: Any
+    def _update(
+        self, conn: Connection, generation: int, revision: int, **values: Any
     ) -> EpochRecord:
         values.update(revision=revision, updated_at=time.time())
-        await conn.execute(
+        conn.execute(
             epochs_table.update().where(epochs_table.c.generation == generation).values(**values)
         )
-        return await self._fetch(conn, generation)
+        return self._fetch(conn, generation)
 
     # --- writes -------------------------------------------------------------------------
 
@@ -221,42 +281,36 @@ class SqlEpochStore(EpochStore):
         self, namespace: str, server: str, request_uid: str
     ) -> tuple[EpochRecord, bool]:
         by_uid = sa.select(epochs_table).where(epochs_table.c.request_uid == request_uid)
-        async with self._read() as conn:
-            row = (await conn.execute(by_uid)).first()
-        if row is None:
-            try:
-                async with self._tx() as conn:
-                    revision, generation = await self._bump(conn, generation=True)
-                    # Re-check under the writer lock: a concurrent retry may have won.
-                    row = (await conn.execute(by_uid)).first()
-                    if row is None:
-                        now = time.time()
-                        await conn.execute(
-                            epochs_table.insert().values(
-                                generation=generation,
-                                namespace=namespace,
-                                server=server,
-                                request_uid=request_uid,
-                                state=State.PENDING.value,
-                                revision=revision,
-                                created_at=now,
-                                updated_at=now,
-                            )
-                        )
-                        return await self._fetch(conn, generation), True
-                    await conn.rollback()
-            except IntegrityError:
-                async with self._read() as conn:
-                    row = (await conn.execute(by_uid)).first()
-                if row is None:
-                    raise
-        record = self._record(row)
+
+        def op(conn: Connection) -> tuple[EpochRecord, bool]:
+            # Bump first: it takes the writer lock, so the check below also sees a row that
+            # another service process committed a moment ago. A retry rolls the bump back.
+            revision, generation = self._bump(conn, generation=True)
+            existing = (conn.execute(by_uid)).first()
+            if existing is not None:  # a retry of an admission request: same epoch
+                raise NoChange((self._record(existing), False))
+            now = time.time()
+            conn.execute(
+                epochs_table.insert().values(
+                    generation=generation,
+                    namespace=namespace,
+                    server=server,
+                    request_uid=request_uid,
+                    state=State.PENDING.value,
+                    revision=revision,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            return self._fetch(conn, generation), True
+
+        record, created = await self._write(op)
         if (record.namespace, record.server) != (namespace, server):
             raise RequestConflict(
                 f"request UID {request_uid} already issued epoch {record.epoch} for "
                 f"{record.namespace}/{record.server}, not {namespace}/{server}"
             )
-        return record, False
+        return record, created
 
     async def transition(
         self,
@@ -266,26 +320,25 @@ class SqlEpochStore(EpochStore):
         pod_name: str | None = None,
         pod_uid: str | None = None,
     ) -> EpochRecord:
-        async with self._tx() as conn:
-            revision, _ = await self._bump(conn)
-            current = await self._fetch(conn, generation)
+        def op(conn: Connection) -> EpochRecord:
+            revision, _ = self._bump(conn)
+            current = self._fetch(conn, generation)
             step = plan(
                 current.epoch, current.state, action, bound_uid=current.pod_uid, pod_uid=pod_uid
             )
             if step.target is None:
-                await conn.rollback()
-                return current
+                raise NoChange(current)
             values: dict[str, Any] = {"state": step.target.value}
             if action is Action.BIND:
-                await self._check_pod_free(conn, generation, pod_uid)
+                self._check_pod_free(conn, generation, pod_uid)
                 values.update(pod_name=pod_name, pod_uid=pod_uid)
-            return await self._update(conn, generation, revision, **values)
+            return self._update(conn, generation, revision, **values)
 
-    async def _check_pod_free(
-        self, conn: AsyncConnection, generation: int, pod_uid: str | None
-    ) -> None:
+        return await self._write(op)
+
+    def _check_pod_free(self, conn: Connection, generation: int, pod_uid: str | None) -> None:
         other = (
-            await conn.execute(
+            conn.execute(
                 sa.select(epochs_table.c.generation).where(
                     epochs_table.c.pod_uid == pod_uid, epochs_table.c.generation != generation
                 )
@@ -300,9 +353,9 @@ class SqlEpochStore(EpochStore):
     async def register_incarnation(
         self, generation: int, *, pod_uid: str | None = None
     ) -> EpochRecord:
-        async with self._tx() as conn:
-            revision, _ = await self._bump(conn)
-            current = await self._fetch(conn, generation)
+        def op(conn: Connection) -> EpochRecord:
+            revision, _ = self._bump(conn)
+            current = self._fetch(conn, generation)
             check_incarnation(current.epoch, current.state)
             if pod_uid is not None and current.pod_uid not in (None, pod_uid):
                 raise LifecycleError(
@@ -314,7 +367,9 @@ class SqlEpochStore(EpochStore):
                 raise LifecycleError(
                     "incarnations-exhausted", f"epoch {current.epoch} has no incarnations left"
                 )
-            return await self._update(conn, generation, revision, incarnation=nxt)
+            return self._update(conn, generation, revision, incarnation=nxt)
+
+        return await self._write(op)
 
     async def sweep(self, now: float, pending_timeout: float, tombstone_ttl: float) -> SweepResult:
         stale = sa.and_(
@@ -325,63 +380,100 @@ class SqlEpochStore(EpochStore):
             epochs_table.c.state.in_([s.value for s in TOMBSTONES]),
             epochs_table.c.updated_at < now - tombstone_ttl,
         )
-        async with self._read() as conn:
-            has_stale = (
-                await conn.execute(sa.select(epochs_table.c.generation).where(stale).limit(1))
-            ).first()
-            has_expired = (
-                await conn.execute(sa.select(epochs_table.c.generation).where(expired).limit(1))
-            ).first()
-        abandoned = compacted = 0
-        if has_stale is not None:
-            async with self._tx() as conn:
-                revision, _ = await self._bump(conn)
-                result = await conn.execute(
+
+        def op(conn: Connection) -> SweepResult:
+            pick = sa.select(epochs_table.c.generation)
+            has_stale = (conn.execute(pick.where(stale).limit(1))).first()
+            has_expired = (conn.execute(pick.where(expired).limit(1))).first()
+            if has_stale is None and has_expired is None:
+                raise NoChange(SweepResult(0, 0))
+            revision, _ = self._bump(conn)
+            abandoned = (
+                conn.execute(
                     epochs_table.update()
                     .where(stale)
                     .values(state=State.ABANDONED.value, revision=revision, updated_at=now)
                 )
-                abandoned = result.rowcount
-        if has_expired is not None:
-            async with self._tx() as conn:
-                await self._bump(conn)
-                compacted = (await conn.execute(epochs_table.delete().where(expired))).rowcount
-        return SweepResult(abandoned=abandoned, compacted=compacted)
+            ).rowcount
+            compacted = (conn.execute(epochs_table.delete().where(expired))).rowcount
+            return SweepResult(abandoned=abandoned, compacted=compacted)
+
+        result = await self._write(op)
+        if (result.abandoned or result.compacted) and self._mirror is not None:
+            await self._call(self._load_mirror)
+        return result
 
     # --- reads --------------------------------------------------------------------------
 
     async def get(self, generation: int) -> EpochRecord:
-        async with self._read() as conn:
-            return await self._fetch(conn, generation)
+        if self._mirror is not None:
+            try:
+                return self._mirror[generation]
+            except KeyError:
+                raise UnknownEpoch(f"{self.ledger8}-{generation}") from None
+
+        def read() -> EpochRecord:
+            with self._read() as conn:
+                return self._fetch(conn, generation)
+
+        return await self._call(read)
 
     async def list_server(
         self, namespace: str, server: str, states: Iterable[State] = ()
     ) -> ServerSnapshot:
+        wanted = {State(s) for s in states}
+        if self._mirror is not None:
+            records = sorted(
+                (
+                    r
+                    for r in self._mirror.values()
+                    if r.namespace == namespace
+                    and r.server == server
+                    and (not wanted or r.state in wanted)
+                ),
+                key=lambda r: r.generation,
+            )
+            return ServerSnapshot(self._revision, records)
         query = (
             sa.select(epochs_table)
             .where(epochs_table.c.namespace == namespace, epochs_table.c.server == server)
             .order_by(epochs_table.c.generation)
         )
-        wanted = [s.value for s in states]
         if wanted:
-            query = query.where(epochs_table.c.state.in_(wanted))
-        async with self._read() as conn, conn.begin():
-            # One read transaction: the revision and the rows are one consistent snapshot.
-            revision = (await conn.execute(sa.select(ledger_table.c.revision))).scalar_one()
-            rows = (await conn.execute(query)).all()
-        return ServerSnapshot(int(revision), [self._record(r) for r in rows])
+            query = query.where(epochs_table.c.state.in_([s.value for s in wanted]))
+
+        def read() -> ServerSnapshot:
+            with self._read() as conn, conn.begin():
+                # One read transaction: the revision and the rows are one consistent snapshot.
+                revision = conn.execute(sa.select(ledger_table.c.revision)).scalar_one()
+                rows = conn.execute(query).all()
+            return ServerSnapshot(int(revision), [self._record(r) for r in rows])
+
+        return await self._call(read)
 
     async def server_revision(self, namespace: str, server: str) -> tuple[int, int]:
-        async with self._read() as conn:
-            newest = (
-                await conn.execute(
+        if self._mirror is not None:
+            newest = max(
+                (
+                    r.revision
+                    for r in self._mirror.values()
+                    if r.namespace == namespace and r.server == server
+                ),
+                default=0,
+            )
+            return newest, self._revision
+
+        def read() -> tuple[int, int]:
+            with self._read() as conn:
+                newest = conn.execute(
                     sa.select(sa.func.max(epochs_table.c.revision)).where(
                         epochs_table.c.namespace == namespace, epochs_table.c.server == server
                     )
-                )
-            ).scalar()
-            ledger = (await conn.execute(sa.select(ledger_table.c.revision))).scalar_one()
-        return int(newest or 0), int(ledger)
+                ).scalar()
+                ledger = conn.execute(sa.select(ledger_table.c.revision)).scalar_one()
+            return int(newest or 0), int(ledger)
+
+        return await self._call(read)
 
     async def state_counts(self) -> list[tuple[str, str, str, int]]:
         query = sa.select(
@@ -390,28 +482,75 @@ class SqlEpochStore(EpochStore):
             epochs_table.c.state,
             sa.func.count(),
         ).group_by(epochs_table.c.namespace, epochs_table.c.server, epochs_table.c.state)
-        async with self._read() as conn:
-            return [(r[0], r[1], r[2], int(r[3])) for r in (await conn.execute(query)).all()]
+
+        def read() -> list[tuple[str, str, str, int]]:
+            with self._read() as conn:
+                return [(r[0], r[1], r[2], int(r[3])) for r in conn.execute(query).all()]
+
+        return await self._call(read)
 
     async def ping(self) -> None:
-        async with self._read() as conn:
-            await conn.execute(sa.select(ledger_table.c.revision))
+        def read() -> None:
+            with self._read() as conn:
+                conn.execute(sa.select(ledger_table.c.revision))
+
+        await self._call(read)
 
 
-def _sqlite_engines(url: sa.URL) -> tuple[AsyncEngine, AsyncEngine]:
+def _store_error(exc: BaseException) -> BaseException:
+    """Connection-level failures become StoreUnavailable (503); anything else is a bug."""
+    if isinstance(exc, OperationalError | OSError | ConnectionError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    ):
+        return StoreUnavailable(f"the ledger database is unavailable: {exc}")
+    return exc
+
+
+class _FileLock:
+    """An exclusive ``flock`` on ``<ledger>.lock``; the kernel drops it if the process dies."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self._fd = fd
+        self.path = path
+
+    @classmethod
+    def take(cls, db: Path) -> _FileLock:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        path = db.with_name(db.name + ".lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(
+                f"another epoch service process is using the ledger {db}: a SQLite ledger has "
+                "one service process; use PostgreSQL (EPOCHSVC_DATABASE_URL=postgresql://...) "
+                "to run several"
+            ) from None
+        return cls(fd, path)
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+
+
+def _sqlite_engines(url: sa.URL) -> tuple[Engine, Engine]:
     """One writer connection (writes queue in-process, never on SQLite's busy lock) and a
     small pool of readers, which WAL lets run beside the writer."""
     path = Path(url.database or "")
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = create_async_engine(url, pool_size=1, max_overflow=0, pool_timeout=30)
-    reader = create_async_engine(url, pool_size=4, max_overflow=4)
+    # Connections move between the loop's helper threads; each is used by one at a time.
+    args = {"check_same_thread": False}
+    writer = create_engine(url, pool_size=1, max_overflow=0, pool_timeout=30, connect_args=args)
+    reader = create_engine(url, pool_size=READ_THREADS, max_overflow=0, connect_args=args)
     for engine, immediate in ((writer, True), (reader, False)):
         _configure_sqlite(engine, immediate=immediate)
     return writer, reader
 
 
-def _configure_sqlite(engine: AsyncEngine, *, immediate: bool) -> None:
-    @event.listens_for(engine.sync_engine, "connect")
+def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Let SQLAlchemy, not the driver, decide when transactions begin.
         dbapi_conn.isolation_level = None
@@ -423,7 +562,7 @@ def _configure_sqlite(engine: AsyncEngine, *, immediate: bool) -> None:
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         # IMMEDIATE takes the write lock up front, so a read-then-write never deadlocks.
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

@@ -1,0 +1,26 @@
+"""`python -m bench [service|replica] [options]`: run one benchmark, or all of them."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHES = {"service": "bench.service_bench", "replica": "bench.replica_bench"}
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    names = [args.pop(0)] if args and args[0] in BENCHES else list(BENCHES)
+    status = 0
+    for name in names:
+        print(f"== {name} ==", flush=True)
+        module = importlib.import_module(BENCHES[name])
+        status |= module.main(args)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Build (once, cached outside the repository) and run the Go load generator in bench/loadgen."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE = Path(__file__).parent / "loadgen"
+
+
+@dataclass(frozen=True)
+class Load:
+    requests: int
+    errors: int
+    per_sec: float
+    p50_ms: float
+    p99_ms: float
+    first_error: str = ""
+
+
+def binary() -> Path:
+    digest = hashlib.sha256(
+        b"".join(p.read_bytes() for p in sorted(SOURCE.glob("*")) if p.is_file())
+    ).hexdigest()[:12]
+    cache = Path(os.environ.get("MCP_EPOCH_CACHE", Path.home() / ".cache" / "mcp-epoch"))
+    out = cache / "bench" / f"loadgen-{digest}"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        print("building the Go load generator (once)...", flush=True)
+        subprocess.run(["go", "build", "-o", str(out), "."], cwd=SOURCE, check=True)
+    return out
+
+
+def run(
+    urls: list[str],
+    *,
+    clients: int,
+    seconds: float,
+    method: str = "GET",
+    body: str = "",
+    token: str = "",
+    status: int = 0,
+) -> Load:
+    argv = [
+        str(binary()),
+        f"-method={method}",
+        f"-urls={','.join(urls)}",
+        f"-c={clients}",
+        f"-d={seconds}s",
+        f"-status={status}",
+    ]
+    if body:
+        argv.append(f"-body={body}")
+    if token:
+        argv.append(f"-token={token}")
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return Load(**json.loads(out))

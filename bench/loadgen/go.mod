@@ -1,0 +1,3 @@
+module mcp-epoch/bench/loadgen
+
+go 1.22

@@ -1,0 +1,124 @@
+"""Epoch service throughput and latency on loopback, SQLite and PostgreSQL, next to the same
+server's ``/healthz`` (the framework's ceiling), measured in one run.
+
+    python -m bench service [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import uuid
+from pathlib import Path
+
+from bench.loadgen import Load, run
+from tests.support.epochsvc_proc import EpochServiceProcess
+from tests.support.postgres import PostgresServer
+
+CLIENTS = (1, 8, 32)
+SEED_EPOCHS = 256
+
+
+def _seed(svc: EpochServiceProcess) -> list[str]:
+    with svc.client() as c:
+        epochs = []
+        for _ in range(SEED_EPOCHS):
+            r = c.post(
+                "/v1/epochs",
+                json={"namespace": "bench", "server": "lookup", "request_uid": str(uuid.uuid4())},
+            )
+            r.raise_for_status()
+            epochs.append(r.json()["epoch"])
+        return epochs
+
+
+def _measure(svc: EpochServiceProcess, seconds: float) -> dict[tuple[str, int], Load]:
+    lookups = [f"{svc.url}/v1/epochs/{e}" for e in _seed(svc)]
+    results: dict[tuple[str, int], Load] = {}
+    for clients in CLIENTS:
+        results["healthz", clients] = run([f"{svc.url}/healthz"], clients=clients, seconds=seconds)
+        results["lookup", clients] = run(
+            lookups, clients=clients, seconds=seconds, token=svc.replica_token, status=200
+        )
+        results["issue", clients] = run(
+            [f"{svc.url}/v1/epochs"],
+            clients=clients,
+            seconds=seconds,
+            method="POST",
+            body='{"namespace":"bench","server":"issue","request_uid":"{n}"}',
+            token=svc.operator_token,
+            status=201,
+        )
+    return results
+
+
+def _report(backend: str, results: dict[tuple[str, int], Load]) -> list[str]:
+    lines = []
+    for (op, clients), load in results.items():
+        ceiling = results["healthz", clients].per_sec
+        ratio = ceiling / load.per_sec if load.per_sec else float("inf")
+        lines.append(
+            f"{backend:<9} {op:<8} {clients:>3} {load.per_sec:>9.0f} {load.p50_ms:>8.2f} "
+            f"{load.p99_ms:>8.2f} {ratio:>8.2f}x {load.errors:>6}"
+        )
+    return lines
+
+
+def _targets(backend: str, results: dict[tuple[str, int], Load]) -> list[str]:
+    out = []
+    for clients in CLIENTS:
+        ratio = results["healthz", clients].per_sec / max(results["lookup", clients].per_sec, 1e-9)
+        verdict = "met" if ratio <= 2 else "MISSED"
+        out.append(
+            f"{backend}: lookups at {clients} clients are {ratio:.2f}x below /healthz "
+            f"(target <= 2x): {verdict}"
+        )
+    issue8 = results["issue", 8]
+    verdict = "met" if issue8.per_sec >= 1000 and issue8.p99_ms < 20 else "MISSED"
+    out.append(
+        f"{backend}: issuing at 8 clients {issue8.per_sec:.0f}/s, p99 {issue8.p99_ms:.1f} ms "
+        f"(target >= 1000/s, p99 < 20 ms{' on SQLite' if backend == 'sqlite' else ', informative'}): "
+        f"{verdict if backend == 'sqlite' else 'n/a'}"
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench service")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
+    parser.add_argument("--backends", default="sqlite,postgres")
+    args = parser.parse_args(argv)
+    header = (
+        f"{'backend':<9} {'op':<8} {'c':>3} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'healthz/op':>9} {'errors':>6}"
+    )
+    lines, verdicts = [header], []
+    with tempfile.TemporaryDirectory(prefix="mcp-epoch-bench-") as tmp:
+        for backend in args.backends.split(","):
+            pg = None
+            if backend == "sqlite":
+                url = f"sqlite:///{tmp}/ledger.db"
+            else:
+                pg = PostgresServer().start()
+                url = pg.new_database()
+            svc = EpochServiceProcess(url, Path(tmp) / f"{backend}.log").start()
+            try:
+                print(
+                    f"measuring {backend} ({len(CLIENTS) * 3} runs of {args.seconds:g}s)...",
+                    flush=True,
+                )
+                results = _measure(svc, args.seconds)
+            finally:
+                svc.stop()
+                if pg:
+                    pg.stop()
+            lines += _report(backend, results)
+            verdicts += _targets(backend, results)
+    print("\n".join(lines))
+    print()
+    print("\n".join(verdicts))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
