@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -114,6 +115,36 @@ class EpochServiceProcess:
     def restart(self) -> EpochServiceProcess:
         self.stop()
         return self.start()
+
+    # --- operator-side shortcuts for tests -----------------------------------------------
+
+    def op(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """POST as the operator; the call must succeed."""
+        with self.client() as c:
+            r = c.post(path, json=body)
+        assert r.status_code in (200, 201), (path, r.status_code, r.text)
+        return dict(r.json())
+
+    def issue(self, namespace: str, server: str, uid: str) -> str:
+        body = {"namespace": namespace, "server": server, "request_uid": uid}
+        return str(self.op("/v1/epochs", body)["epoch"])
+
+    def live(self, namespace: str, server: str, uid: str) -> str:
+        """Issue and bind a pod epoch, as the webhook and the operator would."""
+        epoch = self.issue(namespace, server, uid)
+        self.op(f"/v1/epochs/{epoch}/bind", {"pod_name": f"pod-{uid}", "pod_uid": f"uid-{uid}"})
+        return epoch
+
+    def replica_env(self, epoch: str, namespace: str, server: str) -> dict[str, str]:
+        """The environment the operator gives an MCP server container."""
+        return {
+            "MCP_EPOCH": epoch,
+            "MCP_EPOCH_SERVICE_URL": self.url,
+            "MCP_EPOCH_SERVICE_TOKEN": self.replica_token,
+            "MCP_SERVER_NAMESPACE": namespace,
+            "MCP_SERVER_NAME": server,
+            "MCP_POD_NAME": f"pod-{epoch}",
+        }
 
     def client(self, token: str | None = None, timeout: float = 10.0) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token or self.operator_token}"}

@@ -1,0 +1,247 @@
+"""The client side of a rejection: fail what is pending at once, then start a fresh session.
+
+A rejection (the guard's 404 with ``Mcp-Resumption-Rejected``, or the SDK's plain 404 for a
+session the server does not hold) means nothing pending on that session will ever be answered:
+the process that owed the answers is gone. :class:`EpochClient` therefore fails every pending
+call immediately with :class:`ResumptionRejected` (no waiting for a timeout), opens a new
+session with a fresh ``initialize`` and serves the next call from it. A transport error is
+different: the server may be fine, so the call is retried with backoff from the same cursor
+(``Last-Event-ID``), and only a rejection of that cursor ends it. This module imports ``mcp``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+import anyio
+import httpx2
+from anyio.abc import TaskGroup
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ClientMessageMetadata
+from mcp_types import CONNECTION_CLOSED, CallToolRequest, CallToolRequestParams, CallToolResult
+
+from epochsvc.replica.errors import REASONS, Reason, ResumptionRejected
+from epochsvc.replica.guard import REJECTED_HEADER
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """One logical session: its SDK client, its pending calls and how it ended."""
+
+    number: int
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    stop: anyio.Event = field(default_factory=anyio.Event)
+    client: Client | None = None
+    error: BaseException | None = None
+    rejected: ResumptionRejected | None = None
+    rejected_at: float | None = None
+    pending: set[anyio.CancelScope] = field(default_factory=set)
+    session_id: str | None = None
+
+    def reject(self, reason: Reason, detail: str) -> None:
+        if self.rejected is not None:
+            return
+        self.rejected = ResumptionRejected(reason, detail)
+        self.rejected_at = time.monotonic()
+        for scope in self.pending:
+            scope.cancel()
+        self.stop.set()
+
+
+def _copy(exc: ResumptionRejected) -> ResumptionRejected:
+    """One exception object per failed caller (tracebacks are per raise)."""
+    return ResumptionRejected(exc.reason, exc.detail)
+
+
+class EpochClient:
+    """An MCP client over Streamable HTTP that survives resumption rejections.
+
+    ``async with EpochClient(url) as c: await c.call_tool(...)``; any SDK call can go through
+    :meth:`run`. ``client_kwargs`` go to ``mcp.Client`` (callbacks, timeouts, ...).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: dict[str, str] | None = None,
+        min_backoff: float = 0.1,
+        max_backoff: float = 2.0,
+        transport_retries: int = 8,
+        **client_kwargs: Any,
+    ) -> None:
+        self.url = url
+        self._headers = headers
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._transport_retries = transport_retries
+        self._client_kwargs = client_kwargs
+        self._client_kwargs.setdefault("mode", "legacy")
+        self._tg: TaskGroup | None = None
+        self._attempt: _Attempt | None = None
+        self._lock = anyio.Lock()
+        self._count = 0
+        self.rejections: list[ResumptionRejected] = []
+
+    async def __aenter__(self) -> EpochClient:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        await self._current()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._tg is not None
+        if self._attempt is not None:
+            self._attempt.stop.set()
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+
+    @property
+    def session_number(self) -> int:
+        """How many sessions this client has opened (1 until the first rejection)."""
+        return self._count
+
+    @property
+    def session_id(self) -> str | None:
+        """The server's id for the current session (from its ``mcp-session-id`` header)."""
+        return None if self._attempt is None else self._attempt.session_id
+
+    async def _on_response(self, att: _Attempt, response: httpx2.Response) -> None:
+        sid = response.headers.get("mcp-session-id")
+        if sid and response.status_code < 400:
+            att.session_id = sid
+        if response.status_code != 404 or att.rejected is not None:
+            return
+        header = response.headers.get(REJECTED_HEADER)
+        had_session = "mcp-session-id" in response.request.headers
+        if header is None and not had_session:
+            return  # a 404 before any session exists is not about a session
+        reason: Reason = cast(Reason, header) if header in REASONS else "unknown"
+        detail = "rejected by the server" if header else "session not found"
+        log.info(
+            "session %d rejected (%s): failing %d pending", att.number, reason, len(att.pending)
+        )
+        att.reject(reason, detail)
+        self.rejections.append(ResumptionRejected(reason, detail))
+
+    async def _run_attempt(
+        self, att: _Attempt, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        http = create_mcp_http_client(headers=self._headers)
+
+        async def hook(response: httpx2.Response) -> None:
+            await self._on_response(att, response)
+
+        http.event_hooks = {"request": [], "response": [hook]}
+        try:
+            async with http:
+                # A rejected session is gone on the server; deleting it would only 404.
+                transport = streamable_http_client(
+                    self.url, http_client=http, terminate_on_close=False
+                )
+                async with Client(transport, **self._client_kwargs) as client:
+                    att.client = client
+                    att.ready.set()
+                    await att.stop.wait()
+        except Exception as exc:  # connect/initialize failed: a transport error, retried
+            att.error = exc
+            log.debug("session %d ended: %r", att.number, exc)
+        finally:
+            att.ready.set()
+            att.stop.set()
+
+    async def _current(self) -> _Attempt:
+        """The live session, opening a new one (with backoff on transport errors) if needed."""
+        async with self._lock:
+            backoff = self._min_backoff
+            for _ in range(self._transport_retries + 1):
+                att = self._attempt
+                if att is not None and att.client is not None and not att.stop.is_set():
+                    return att
+                assert self._tg is not None
+                self._count += 1
+                att = _Attempt(self._count)
+                self._attempt = att
+                await self._tg.start(self._run_attempt, att)
+                await att.ready.wait()
+                if att.client is not None and not att.stop.is_set():
+                    return att
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+            error = None if self._attempt is None else self._attempt.error
+            raise ConnectionError(f"cannot open a session at {self.url}: {error!r}")
+
+    async def run(self, fn: Callable[[Client], Awaitable[T]]) -> T:
+        """Run one call on the current session; raise ``ResumptionRejected`` if it is rejected."""
+        att = await self._current()
+        scope = anyio.CancelScope()
+        att.pending.add(scope)
+        try:
+            with scope:
+                try:
+                    assert att.client is not None
+                    return await fn(att.client)
+                except Exception as exc:
+                    if att.rejected is not None:
+                        raise _copy(att.rejected) from exc
+                    raise
+        finally:
+            att.pending.discard(scope)
+        # Only a rejection cancels the scope.
+        raise _copy(att.rejected) if att.rejected else RuntimeError("call cancelled")
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        progress_callback: ProgressFnT | None = None,
+        read_timeout_seconds: float | None = None,
+    ) -> CallToolResult:
+        """``tools/call`` that resumes from its cursor on transport errors (with backoff)."""
+        cursor: str | None = None
+
+        async def on_token(token: str) -> None:
+            nonlocal cursor
+            cursor = token
+
+        request = CallToolRequest(params=CallToolRequestParams(name=name, arguments=arguments))
+
+        async def call(client: Client) -> CallToolResult:
+            backoff = self._min_backoff
+            metadata = ClientMessageMetadata(on_resumption_token_update=on_token)
+            for attempt in range(self._transport_retries + 1):
+                try:
+                    return await client.session.send_request(
+                        request,
+                        CallToolResult,
+                        request_read_timeout_seconds=read_timeout_seconds,
+                        metadata=metadata,
+                        progress_callback=progress_callback,
+                    )
+                except MCPError as exc:
+                    if exc.code != CONNECTION_CLOSED or cursor is None:
+                        raise
+                    if attempt == self._transport_retries:
+                        raise
+                    log.info("transport error %r; resuming from %s", exc, cursor)
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                metadata = ClientMessageMetadata(
+                    resumption_token=cursor, on_resumption_token_update=on_token
+                )
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        return await self.run(call)

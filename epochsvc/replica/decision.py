@@ -1,0 +1,93 @@
+"""THE resume decision: one pure function of (cursor, own epoch, buffer, live view, session).
+
+Nothing here does I/O or reads a clock, so the guard, the store and the property tests all run
+the very same rule (DESIGN.md, "The resume decision").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from epochsvc.replica.buffer import BufferedEvent, ReplayBuffer
+from epochsvc.replica.errors import (
+    Reason,
+    ResumptionEpochMismatch,
+    ResumptionGap,
+    ResumptionRejected,
+)
+from epochsvc.replica.eventid import EventId
+from epochsvc.replica.snapshot import EpochSnapshot
+from epochsvc.tokens import ProcessEpoch
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPlan:
+    """Accepted: send ``events`` (in order) on ``stream_id``; ``upto`` is the buffer's next seq
+    when decided, so a replayer can pick up anything appended while it was sending."""
+
+    cursor: EventId
+    stream_id: str
+    events: tuple[BufferedEvent, ...]
+    upto: int
+
+
+def classify(view: EpochSnapshot, epoch: ProcessEpoch) -> Reason:
+    """Why a cursor minted by another process epoch cannot be resumed here."""
+    if epoch.is_fallback or view.ledger8 is None or epoch.pod.ledger8 != view.ledger8:
+        return "unknown"
+    rec = view.epochs.get(str(epoch.pod))
+    if rec is None or rec.incarnation is None or epoch.incarnation > rec.incarnation:
+        return "unknown"
+    if rec.state in ("retired", "abandoned") or epoch.incarnation < rec.incarnation:
+        return "retired"
+    return "draining" if rec.state == "draining" else "live-elsewhere"
+
+
+def zombie(view: EpochSnapshot, own: ProcessEpoch) -> bool:
+    """True when the ledger says this very process is dead (epoch retired or superseded)."""
+    if view.ledger8 is None or own.pod.ledger8 != view.ledger8 or own.pod.generation == 0:
+        return False
+    rec = view.epochs.get(str(own.pod))
+    if rec is None:
+        return False
+    if rec.state in ("retired", "abandoned"):
+        return True
+    return not own.is_fallback and rec.incarnation is not None and rec.incarnation > own.incarnation
+
+
+def decide(
+    cursor: str | EventId,
+    own: ProcessEpoch,
+    buffer: ReplayBuffer,
+    view: EpochSnapshot,
+    owner: Hashable | None,
+) -> ReplayPlan:
+    """Replay plan for ``Last-Event-ID: cursor`` in session ``owner``, or raise.
+
+    Raises ``ValueError`` (malformed cursor), :class:`ResumptionEpochMismatch` (other epoch, or
+    this process is a zombie), :class:`ResumptionGap` (continuation evicted) or
+    :class:`ResumptionRejected` with reason ``unknown`` (a seq this process never issued, or an
+    event of another session: never replayed, and not revealed either). ``owner`` ``None`` means
+    "session unknown": always rejected, so a misconfigured server refuses instead of leaking.
+    """
+    event_id = cursor if isinstance(cursor, EventId) else EventId.decode(cursor)
+    if zombie(view, own):
+        raise ResumptionEpochMismatch("retired", f"this process's epoch {own} is retired")
+    if event_id.epoch != own:
+        reason = classify(view, event_id.epoch)
+        raise ResumptionEpochMismatch(reason, f"cursor epoch {event_id.epoch} is not {own}")
+    if event_id.seq >= buffer.next_seq:
+        raise ResumptionRejected("unknown", f"seq {event_id.seq} was never issued here")
+    if owner is None:
+        raise ResumptionRejected("unknown", "no session to resume")
+    event = buffer.get(event_id.seq)
+    if event is None:
+        raise ResumptionGap(
+            f"event {event_id.seq} was evicted (oldest buffered is {buffer.oldest_seq})"
+        )
+    if event.owner != owner:
+        raise ResumptionRejected("unknown", "the cursor is not from this session")
+    upto = buffer.next_seq
+    events = tuple(buffer.matching(event_id.seq, owner, event.stream_id, upto))
+    return ReplayPlan(event_id, event.stream_id, events, upto)

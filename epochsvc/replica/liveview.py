@@ -1,0 +1,155 @@
+"""A local copy of the ledger's epochs for this server, kept fresh by the service's long poll.
+
+Readers (the guard, the store) only read :attr:`LiveEpochView.snapshot`, an immutable object
+swapped atomically, so the hot path never does I/O. The follower keeps the last good snapshot
+while the service is away and picks up where it left off when it returns; a new ``ledger_id``
+(ledger wiped or replaced) replaces the copy wholesale, as does every answer (the service
+always returns the full current list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from epochsvc.replica.config import ReplicaConfig
+from epochsvc.replica.snapshot import EpochSnapshot
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT = 55.0
+
+
+class LiveEpochView:
+    """Follows ``GET /v1/servers/{ns}/{server}/epochs?since=&wait=`` in the background."""
+
+    def __init__(
+        self,
+        service_url: str,
+        namespace: str,
+        server: str,
+        token: str | None = None,
+        *,
+        wait: float = 25.0,
+        min_backoff: float = 0.1,
+        max_backoff: float = 2.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._url = (
+            f"{service_url.rstrip('/')}/v1/servers/"
+            f"{quote(namespace, safe='')}/{quote(server, safe='')}/epochs"
+        )
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._wait = min(max(wait, 0.0), MAX_WAIT)
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._transport = transport
+        self._snapshot = EpochSnapshot()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.last_error: str | None = None
+        self.last_sync: float | None = None  # monotonic time of the last good answer
+
+    @classmethod
+    def from_config(cls, config: ReplicaConfig, **kwargs: Any) -> LiveEpochView | None:
+        """A view for this server, or None when the environment does not name a service."""
+        if not (config.service_url and config.namespace and config.server):
+            return None
+        return cls(
+            config.service_url, config.namespace, config.server, config.service_token, **kwargs
+        )
+
+    @property
+    def snapshot(self) -> EpochSnapshot:
+        return self._snapshot
+
+    def _publish(self, snap: EpochSnapshot) -> None:
+        old = self._snapshot
+        if old.ledger_id is not None and old.ledger_id != snap.ledger_id:
+            log.warning("ledger changed from %s to %s: copy reset", old.ledger_id, snap.ledger_id)
+        with self._changed:
+            self._snapshot = snap
+            self.last_sync = time.monotonic()
+            self.last_error = None
+            self._changed.notify_all()
+
+    def wait_for(self, predicate: Callable[[EpochSnapshot], bool], timeout: float) -> bool:
+        """Block a thread (not the event loop) until ``predicate(snapshot)`` holds."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not predicate(self._snapshot):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            return True
+
+    async def poll_once(self, client: httpx.AsyncClient, since: int | None) -> EpochSnapshot:
+        params: list[tuple[str, str | int | float | bool | None]] = []
+        if since is not None:
+            params = [("since", since), ("wait", self._wait)]
+        resp = await client.get(self._url, params=params, headers=self._headers)
+        if resp.status_code != 200:
+            raise RuntimeError(f"epoch list answered {resp.status_code}: {resp.text[:200]}")
+        return EpochSnapshot.from_json(resp.json())
+
+    async def follow(self) -> None:
+        """Run forever: long-poll, publish, back off on errors (keeping the last snapshot)."""
+        backoff = self._min_backoff
+        timeout = httpx.Timeout(5.0, read=self._wait + 10.0)
+        async with httpx.AsyncClient(timeout=timeout, transport=self._transport) as client:
+            since: int | None = None
+            while True:
+                try:
+                    snap = await self.poll_once(client, since)
+                except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+                    self.last_error = repr(exc)
+                    log.debug("epoch view poll failed: %r", exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self._max_backoff)
+                    since = None  # the service may have come back as another ledger
+                    continue
+                backoff = self._min_backoff
+                if since is not None and snap.revision == since and snap == self._snapshot:
+                    continue  # long poll timed out with no change
+                self._publish(snap)
+                since = snap.revision
+
+    def start(self) -> None:
+        """Follow in a daemon thread with its own event loop: works under any server."""
+        if self._thread is not None:
+            return
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            self._task = loop.create_task(self.follow())
+            ready.set()
+            try:
+                loop.run_until_complete(self._task)
+            except asyncio.CancelledError:
+                pass
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="epoch-live-view", daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        thread, loop, task = self._thread, self._loop, self._task
+        if thread is None or loop is None or task is None:
+            return
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(timeout)
+        self._thread = None

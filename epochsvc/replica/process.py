@@ -1,0 +1,106 @@
+"""This process's epoch, fixed once at start.
+
+A container restart keeps the pod's environment but loses the process's memory, so each start
+registers a new incarnation. When that is impossible (no ``MCP_EPOCH``, service unreachable or
+refusing) the process takes a random incarnation the ledger never issues: its cursors are then
+rejected everywhere else, which is safe, and never mistaken for another process's.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from epochsvc.replica.config import ReplicaConfig
+from epochsvc.tokens import (
+    FALLBACK_INCARNATION_MIN,
+    LEDGER_PREFIX_LEN,
+    MAX_GENERATION,
+    PodEpoch,
+    ProcessEpoch,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStart:
+    epoch: ProcessEpoch
+    registered: bool  # False: a fallback epoch the ledger never issued
+    detail: str
+
+
+def fallback_epoch(pod: PodEpoch | None = None) -> ProcessEpoch:
+    """A random process epoch outside anything a ledger issues (see ``epochsvc.tokens``)."""
+    if pod is None:
+        pod = PodEpoch(secrets.token_hex(LEDGER_PREFIX_LEN // 2), 0)
+    span = MAX_GENERATION - FALLBACK_INCARNATION_MIN + 1
+    return ProcessEpoch(pod, FALLBACK_INCARNATION_MIN + secrets.randbelow(span))
+
+
+def _register(
+    client: httpx.Client, config: ReplicaConfig, pod: PodEpoch
+) -> tuple[ProcessEpoch | None, str]:
+    body: dict[str, Any] = {}
+    if config.pod_name:
+        body["pod_name"] = config.pod_name
+    if config.pod_uid:
+        body["pod_uid"] = config.pod_uid
+    url = f"{config.service_url}/v1/epochs/{quote(str(pod), safe='')}/incarnations"
+    resp = client.post(url, json=body, headers=config.auth_headers())
+    if resp.status_code != 201:
+        try:
+            code = resp.json().get("code")
+        except ValueError:
+            code = None
+        return None, f"service answered {resp.status_code} ({code or 'no code'})"
+    data = resp.json()
+    epoch = ProcessEpoch.parse(data["process_epoch"])
+    if epoch.pod != pod:
+        return None, f"service returned {epoch} for pod epoch {pod}"
+    return epoch, "registered"
+
+
+def start_process_epoch(
+    config: ReplicaConfig | None = None,
+    *,
+    attempts: int = 3,
+    timeout: float = 2.0,
+    transport: httpx.BaseTransport | None = None,
+) -> ProcessStart:
+    """Register this process start with the epoch service, or fall back (with a warning)."""
+    cfg = ReplicaConfig.from_env() if config is None else config
+    if cfg.pod_epoch is None:
+        start = ProcessStart(fallback_epoch(), False, "MCP_EPOCH is not set")
+        log.warning("using fallback process epoch %s: %s", start.epoch, start.detail)
+        return start
+    try:
+        pod = PodEpoch.parse(cfg.pod_epoch)
+    except ValueError as exc:
+        start = ProcessStart(fallback_epoch(), False, f"MCP_EPOCH is malformed: {exc}")
+        log.warning("using fallback process epoch %s: %s", start.epoch, start.detail)
+        return start
+    detail = "MCP_EPOCH_SERVICE_URL is not set"
+    if cfg.service_url:
+        with httpx.Client(timeout=timeout, transport=transport) as client:
+            for attempt in range(max(1, attempts)):
+                try:
+                    epoch, detail = _register(client, cfg, pod)
+                except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+                    epoch, detail = None, f"cannot register: {exc!r}"
+                    if attempt + 1 < attempts:
+                        time.sleep(min(0.25 * 2**attempt, 1.0))
+                    continue
+                if epoch is not None:
+                    log.info("process epoch %s registered", epoch)
+                    return ProcessStart(epoch, True, detail)
+                break  # the service answered and refused: retrying will not change that
+    start = ProcessStart(fallback_epoch(pod), False, detail)
+    log.warning("using fallback process epoch %s: %s", start.epoch, start.detail)
+    return start

@@ -1,0 +1,107 @@
+"""``EpochEventStore``: the MCP SDK's ``EventStore`` built on the epoch rules.
+
+Event IDs are ``<process epoch>:<seq>`` with one seq counter per process, so an ID is unique
+across every stream and session of the process and meaningless in any other process. Events
+are owned by the session (see :mod:`epochsvc.replica.sessions`) and the stream they were first
+sent on; replay sends only the owner's events of that stream. This module imports ``mcp``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Protocol
+
+from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
+from mcp_types import JSONRPCMessage
+
+from epochsvc.replica.buffer import ReplayBuffer
+from epochsvc.replica.config import ReplicaConfig
+from epochsvc.replica.decision import ReplayPlan, decide, zombie
+from epochsvc.replica.errors import ResumptionGap
+from epochsvc.replica.eventid import EventId
+from epochsvc.replica.liveview import LiveEpochView
+from epochsvc.replica.process import ProcessStart, start_process_epoch
+from epochsvc.replica.sessions import SessionTag, current_session
+from epochsvc.replica.snapshot import EpochSnapshot
+from epochsvc.tokens import ProcessEpoch
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotSource(Protocol):
+    @property
+    def snapshot(self) -> EpochSnapshot: ...
+
+
+class EpochEventStore(EventStore):
+    """Bounded, epoch-tagged, session- and stream-owned event store for the SDK."""
+
+    def __init__(
+        self,
+        epoch: ProcessEpoch,
+        *,
+        capacity: int | None = None,
+        view: SnapshotSource | None = None,
+    ) -> None:
+        self.epoch = epoch
+        self.buffer = ReplayBuffer(capacity)
+        self.view = view
+        self._prefix = f"{epoch}:"
+        self.start: ProcessStart | None = None
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, *, follow: bool = True
+    ) -> EpochEventStore:
+        """Everything from the operator-injected environment: register the process epoch,
+        size the buffer, and (if ``follow``) start the live-epoch view in the background."""
+        config = ReplicaConfig.from_env(env)
+        start = start_process_epoch(config)
+        view = LiveEpochView.from_config(config)
+        if view is not None and follow:
+            view.start()
+        store = cls(start.epoch, capacity=config.buffer_events, view=view)
+        store.start = start
+        return store
+
+    def snapshot(self) -> EpochSnapshot:
+        return EpochSnapshot() if self.view is None else self.view.snapshot
+
+    def is_zombie(self) -> bool:
+        return zombie(self.snapshot(), self.epoch)
+
+    def decide(self, cursor: str | EventId, owner: SessionTag | None) -> ReplayPlan:
+        """The resume decision against this store's state right now (raises on rejection)."""
+        return decide(cursor, self.epoch, self.buffer, self.snapshot(), owner)
+
+    def event_id(self, seq: int) -> str:
+        return self._prefix + str(seq)
+
+    async def store_event(self, stream_id: str, message: JSONRPCMessage | None) -> str:
+        buffer = self.buffer
+        event_id = self._prefix + str(buffer.next_seq)
+        buffer.append(current_session.get(), stream_id, message, event_id)
+        return event_id
+
+    async def replay_events_after(self, last_event_id: str, send_callback: EventCallback) -> str:
+        """Send exactly the missing suffix, then whatever was appended meanwhile, or raise.
+
+        Sending awaits the client, so events can arrive (or be evicted) during replay: keep
+        scanning until caught up and return without awaiting, so the SDK registers the live
+        stream before the next event can be stored; an eviction overtaking the replay raises
+        :class:`ResumptionGap` instead of skipping.
+        """
+        owner = current_session.get()
+        plan = decide(last_event_id, self.epoch, self.buffer, self.snapshot(), owner)
+        pending = plan.events
+        upto = plan.upto
+        while True:
+            for ev in pending:
+                await send_callback(EventMessage(ev.message, ev.event_id))
+            if self.buffer.next_seq == upto:
+                return plan.stream_id
+            if self.buffer.is_evicted(upto):
+                raise ResumptionGap(f"event {upto} was evicted during replay")
+            pending = tuple(self.buffer.matching(upto - 1, owner, plan.stream_id))
+            upto = self.buffer.next_seq
