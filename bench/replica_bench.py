@@ -160,15 +160,15 @@ def measure_memory(kind: str, total: int) -> dict[str, int]:
     return dict(json.loads(out.stdout))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench replica")
     ap.add_argument("--quick", action="store_true", help="smaller run (CI smoke)")
     ap.add_argument("--child")
     ap.add_argument("--events", type=int, default=1_000_000)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         child(args.child, args.events)
-        return
+        return 0
     n = 50_000 if args.quick else 300_000
     total = 100_000 if args.quick else args.events
     repeats = 5 if args.quick else 30
@@ -197,7 +197,8 @@ def main() -> None:
             f"{tenth / 1024:7.1f} MiB  after {total:,}: {end / 1024:7.1f} MiB  "
             f"(growth over the last 90%: {(end - tenth) / 1024:+.1f} MiB)"
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
