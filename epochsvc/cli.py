@@ -4,14 +4,29 @@ replica library never pulls in the service's."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def _serve(args: argparse.Namespace) -> int:
     from epochsvc.service.serve import serve
 
     return serve(host=args.host, port=args.port, log_level=args.log_level)
+
+
+# Subcommands that live in other packages: (module, help). Each module has
+# ``add_arguments(parser)`` and ``run(args) -> int`` and imports its heavy dependencies
+# (kopf, the MCP SDK) only inside ``run``.
+_PLUGINS = {
+    "operator": ("mcp_epoch_operator.cli", "run the kopf operator against the current kubeconfig"),
+    "demo": ("epochsvc.demo.cli", "the rolling-deploy proof: naive fleet vs mcp-epoch fleet"),
+}
+
+
+def _plugin(name: str) -> Any:
+    return importlib.import_module(_PLUGINS[name][0])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080, help="port (0: pick a free one)")
     serve.add_argument("--log-level", default=None, help="overrides EPOCHSVC_LOG_LEVEL")
     serve.set_defaults(func=_serve)
+    for name, (_module, help_text) in _PLUGINS.items():
+        try:
+            module = _plugin(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and _PLUGINS[name][0].startswith(exc.name):
+                continue  # that part is not installed
+            raise
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sub_parser)
+        sub_parser.set_defaults(func=module.run)
     return parser
 
 
