@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: serve test lint bench system-deps
+.PHONY: serve test lint bench system-deps cluster-build cluster-up cluster-down
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+## The local Kubernetes control plane (built from Go modules into ~/.cache/mcp-epoch).
+cluster-build: $(STAMP)
+	$(BIN)/python -m tests.cluster build
+
+cluster-up: $(STAMP)
+	$(BIN)/python -m tests.cluster up
+
+cluster-down: $(STAMP)
+	$(BIN)/python -m tests.cluster down

@@ -7,17 +7,17 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 
 from epochsvc import __version__
 from epochsvc.service.auth import Tokens
 from epochsvc.service.errors import install_error_handlers
 from epochsvc.service.limits import BodyLimit
 from epochsvc.service.longpoll import ChangeNotifier
-from epochsvc.service.metrics import Metrics
+from epochsvc.service.metrics import Metrics, ObserveLatency
 from epochsvc.service.routers import epochs, health, servers
 from epochsvc.service.settings import Settings
 from epochsvc.service.store import EpochStore, StoreUnavailable, open_store
@@ -95,17 +95,5 @@ def create_app(settings: Settings | None = None, tokens: Tokens | None = None) -
     for module in (epochs, servers, health):
         app.include_router(module.router)
 
-    @app.middleware("http")
-    async def _observe(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        app.state.metrics.latency.labels(request.method, path, str(response.status_code)).observe(
-            time.perf_counter() - started
-        )
-        return response
-
+    app.add_middleware(ObserveLatency, metrics=app.state.metrics)
     return app

@@ -38,7 +38,7 @@ class Tokens:
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="mcp-epoch"'}
 
 
-def caller_role(request: Request) -> Role:
+async def caller_role(request: Request) -> Role:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -55,7 +55,7 @@ def caller_role(request: Request) -> Role:
     return role
 
 
-def require_operator(role: Annotated[Role, Depends(caller_role)]) -> Role:
+async def require_operator(role: Annotated[Role, Depends(caller_role)]) -> Role:
     if role is not Role.OPERATOR:
         raise ApiError(403, "forbidden", "this call needs the operator token")
     return role

@@ -1,4 +1,8 @@
-"""Dependencies shared by the routers: the store, settings and parsed path parameters."""
+"""Dependencies shared by the routers: the store, settings and parsed path parameters.
+
+All are ``async def``: FastAPI runs a plain ``def`` dependency in a worker thread, which costs
+more than everything these functions do.
+"""
 
 from __future__ import annotations
 
@@ -14,22 +18,22 @@ from epochsvc.service.store.base import EpochStore, UnknownEpoch
 from epochsvc.tokens import PodEpoch, ProcessEpoch, parse_epoch
 
 
-def get_store(request: Request) -> EpochStore:
+async def get_store(request: Request) -> EpochStore:
     store: EpochStore = request.app.state.store
     return store
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_notifier(request: Request) -> ChangeNotifier:
+async def get_notifier(request: Request) -> ChangeNotifier:
     notifier: ChangeNotifier = request.app.state.notifier
     return notifier
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 
@@ -42,7 +46,7 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 EpochPath = Annotated[str, Path(max_length=64, description="a pod epoch, e.g. 9f2c1a7e-42")]
 
 
-def json_body(request: Request) -> None:
+async def json_body(request: Request) -> None:
     """Bodies are JSON: say so clearly rather than failing validation of raw bytes."""
     has_body = request.headers.get("content-length", "0") != "0" or (
         "transfer-encoding" in request.headers
@@ -68,7 +72,7 @@ def parse_any_epoch(store: EpochStore, raw: str) -> PodEpoch | ProcessEpoch:
     return parsed
 
 
-def pod_epoch(epoch: EpochPath, store: Store) -> PodEpoch:
+async def pod_epoch(epoch: EpochPath, store: Store) -> PodEpoch:
     parsed = parse_any_epoch(store, epoch)
     if isinstance(parsed, ProcessEpoch):
         raise ApiError(

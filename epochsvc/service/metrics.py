@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from epochsvc.service.store.base import EpochStore
 
@@ -39,3 +42,33 @@ class Metrics:
         for namespace, server, state, count in await store.state_counts():
             self.epochs.labels(namespace, server, state).set(count)
         return generate_latest(self.registry)
+
+
+class ObserveLatency:
+    """Pure ASGI middleware timing every request by route template (not raw path, which would
+    make one time series per epoch)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.latency.labels(scope["method"], route, str(status)).observe(
+                time.perf_counter() - started
+            )

@@ -270,10 +270,13 @@ class SqlEpochStore(EpochStore):
         self, conn: Connection, generation: int, revision: int, **values: Any
     ) -> EpochRecord:
         values.update(revision=revision, updated_at=time.time())
-        conn.execute(
-            epochs_table.update().where(epochs_table.c.generation == generation).values(**values)
-        )
-        return self._fetch(conn, generation)
+        row = conn.execute(
+            epochs_table.update()
+            .where(epochs_table.c.generation == generation)
+            .values(**values)
+            .returning(*epochs_table.c)
+        ).one()
+        return self._record(row)
 
     # --- writes -------------------------------------------------------------------------
 
@@ -290,6 +293,20 @@ class SqlEpochStore(EpochStore):
             if existing is not None:  # a retry of an admission request: same epoch
                 raise NoChange((self._record(existing), False))
             now = time.time()
+            record = EpochRecord(
+                ledger8=self.ledger8,
+                generation=generation,
+                namespace=namespace,
+                server=server,
+                request_uid=request_uid,
+                state=State.PENDING,
+                pod_name=None,
+                pod_uid=None,
+                incarnation=None,
+                revision=revision,
+                created_at=now,
+                updated_at=now,
+            )
             conn.execute(
                 epochs_table.insert().values(
                     generation=generation,
@@ -302,7 +319,7 @@ class SqlEpochStore(EpochStore):
                     updated_at=now,
                 )
             )
-            return self._fetch(conn, generation), True
+            return record, True
 
         record, created = await self._write(op)
         if (record.namespace, record.server) != (namespace, server):
