@@ -85,6 +85,33 @@ T = TypeVar("T")
 # Threads for blocking reads (PostgreSQL; SQLite answers reads from memory).
 READ_THREADS = 4
 _LEDGER_ROW = 1
+
+# Statements of the hot paths, built once: building an expression per call costs more than
+# SQLite takes to run it.
+_BUMP = (
+    ledger_table.update()
+    .where(ledger_table.c.id == _LEDGER_ROW)
+    .values(revision=ledger_table.c.revision + 1)
+    .returning(ledger_table.c.revision, ledger_table.c.generation)
+)
+_BUMP_GENERATION = (
+    ledger_table.update()
+    .where(ledger_table.c.id == _LEDGER_ROW)
+    .values(revision=ledger_table.c.revision + 1, generation=ledger_table.c.generation + 1)
+    .returning(ledger_table.c.revision, ledger_table.c.generation)
+)
+_BY_GENERATION = sa.select(epochs_table).where(
+    epochs_table.c.generation == sa.bindparam("b_generation")
+)
+_BY_REQUEST = sa.select(epochs_table).where(
+    epochs_table.c.request_uid == sa.bindparam("b_request_uid")
+)
+_INSERT = epochs_table.insert()
+_UPDATE = (
+    epochs_table.update()
+    .where(epochs_table.c.generation == sa.bindparam("b_generation"))
+    .returning(*epochs_table.c)
+)
 _PG_INIT_LOCK = 0x6D6370  # advisory lock key: serialises schema creation across processes
 
 
@@ -229,17 +256,7 @@ class SqlEpochStore(EpochStore):
 
     def _bump(self, conn: Connection, *, generation: bool = False) -> tuple[int, int]:
         """Take the writer lock and return the new (revision, generation)."""
-        values: dict[str, Any] = {"revision": ledger_table.c.revision + 1}
-        if generation:
-            values["generation"] = ledger_table.c.generation + 1
-        row = (
-            conn.execute(
-                ledger_table.update()
-                .where(ledger_table.c.id == _LEDGER_ROW)
-                .values(**values)
-                .returning(ledger_table.c.revision, ledger_table.c.generation)
-            )
-        ).one()
+        row = conn.execute(_BUMP_GENERATION if generation else _BUMP).one()
         return int(row.revision), int(row.generation)
 
     def _record(self, row: Any) -> EpochRecord:
@@ -259,9 +276,7 @@ class SqlEpochStore(EpochStore):
         )
 
     def _fetch(self, conn: Connection, generation: int) -> EpochRecord:
-        row = (
-            conn.execute(sa.select(epochs_table).where(epochs_table.c.generation == generation))
-        ).first()
+        row = conn.execute(_BY_GENERATION, {"b_generation": generation}).first()
         if row is None:
             raise UnknownEpoch(f"{self.ledger8}-{generation}")
         return self._record(row)
@@ -270,12 +285,7 @@ class SqlEpochStore(EpochStore):
         self, conn: Connection, generation: int, revision: int, **values: Any
     ) -> EpochRecord:
         values.update(revision=revision, updated_at=time.time())
-        row = conn.execute(
-            epochs_table.update()
-            .where(epochs_table.c.generation == generation)
-            .values(**values)
-            .returning(*epochs_table.c)
-        ).one()
+        row = conn.execute(_UPDATE, {"b_generation": generation, **values}).one()
         return self._record(row)
 
     # --- writes -------------------------------------------------------------------------
@@ -283,13 +293,11 @@ class SqlEpochStore(EpochStore):
     async def issue(
         self, namespace: str, server: str, request_uid: str
     ) -> tuple[EpochRecord, bool]:
-        by_uid = sa.select(epochs_table).where(epochs_table.c.request_uid == request_uid)
-
         def op(conn: Connection) -> tuple[EpochRecord, bool]:
             # Bump first: it takes the writer lock, so the check below also sees a row that
             # another service process committed a moment ago. A retry rolls the bump back.
             revision, generation = self._bump(conn, generation=True)
-            existing = (conn.execute(by_uid)).first()
+            existing = conn.execute(_BY_REQUEST, {"b_request_uid": request_uid}).first()
             if existing is not None:  # a retry of an admission request: same epoch
                 raise NoChange((self._record(existing), False))
             now = time.time()
@@ -308,16 +316,17 @@ class SqlEpochStore(EpochStore):
                 updated_at=now,
             )
             conn.execute(
-                epochs_table.insert().values(
-                    generation=generation,
-                    namespace=namespace,
-                    server=server,
-                    request_uid=request_uid,
-                    state=State.PENDING.value,
-                    revision=revision,
-                    created_at=now,
-                    updated_at=now,
-                )
+                _INSERT,
+                {
+                    "generation": generation,
+                    "namespace": namespace,
+                    "server": server,
+                    "request_uid": request_uid,
+                    "state": State.PENDING.value,
+                    "revision": revision,
+                    "created_at": now,
+                    "updated_at": now,
+                },
             )
             return record, True
 
