@@ -25,7 +25,7 @@ test: $(STAMP) system-deps lint
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check epochsvc operator tests bench
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 bench: $(STAMP)

@@ -62,14 +62,20 @@ async def _sweep_forever(app: FastAPI) -> None:
             )
 
 
-def create_app(settings: Settings | None = None, tokens: Tokens | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    tokens: Tokens | None = None,
+    store: EpochStore | None = None,
+) -> FastAPI:
+    """The service; ``store`` is opened here unless the caller opened it (``serve`` does, to
+    report a bad database URL or a locked ledger as one clear line before listening)."""
     settings = settings or Settings()
     if tokens is None:
         tokens, _ = resolve_tokens(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.store = await open_store(settings.database_url)
+        app.state.store = store or await open_store(settings.database_url)
         sweeper = asyncio.create_task(_sweep_forever(app), name="epochsvc-sweeper")
         try:
             yield

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 
@@ -10,6 +11,7 @@ import uvicorn
 from epochsvc import logs
 from epochsvc.service.app import create_app, resolve_tokens
 from epochsvc.service.settings import Settings
+from epochsvc.service.store import StoreUnavailable, open_store
 from epochsvc.service.store.sql import describe_url
 
 
@@ -33,6 +35,11 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
         return 2
     level = log_level or settings.log_level
     logs.configure(level)
+    try:
+        store = asyncio.run(open_store(settings.database_url))
+    except (RuntimeError, ValueError, StoreUnavailable) as exc:
+        print(f"mcp-epoch serve: cannot open the ledger: {exc}", file=sys.stderr)
+        return 1
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -40,6 +47,7 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
         sock.bind((host, port))
     except OSError as exc:
         print(f"mcp-epoch serve: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        asyncio.run(store.close())
         return 1
     bound_port = sock.getsockname()[1]
     url_host = f"[{host}]" if family == socket.AF_INET6 else host
@@ -50,7 +58,7 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
             flush=True,
         )
     config = uvicorn.Config(
-        create_app(settings, tokens),
+        create_app(settings, tokens, store),
         log_config=None,
         log_level=level,
         access_log=level == "debug",
@@ -59,7 +67,7 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
     server = _AnnouncingServer(config)
     server.announce = (
         f"epoch service listening on http://{url_host}:{bound_port} "
-        f"(store: {describe_url(settings.database_url)})"
+        f"(ledger {store.ledger_id[:8]} in {describe_url(settings.database_url)})"
     )
     server.run(sockets=[sock])
     return 0 if server.started else 1

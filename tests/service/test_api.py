@@ -288,3 +288,11 @@ def test_store_down_is_503_not_500(service_factory: ServiceFactory, postgres: ob
             assert c.get("/healthz").status_code == 200
     finally:
         pg.stop()
+
+
+def test_second_process_on_one_sqlite_ledger_is_refused(
+    service_factory: ServiceFactory, sqlite_url: str
+) -> None:
+    service_factory(sqlite_url)
+    with pytest.raises(RuntimeError, match="another epoch service process is using the ledger"):
+        service_factory(sqlite_url)

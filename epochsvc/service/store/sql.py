@@ -528,7 +528,9 @@ def _store_error(exc: BaseException) -> BaseException:
     if isinstance(exc, OperationalError | OSError | ConnectionError) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
     ):
-        return StoreUnavailable(f"the ledger database is unavailable: {exc}")
+        cause = getattr(exc, "orig", None) or exc
+        brief = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        return StoreUnavailable(f"the ledger database is unavailable: {brief}")
     return exc
 
 
