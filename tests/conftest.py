@@ -10,6 +10,9 @@ import pytest
 from tests.support.epochsvc_proc import EpochServiceProcess
 from tests.support.postgres import PostgresServer
 
+# The loopback Kubernetes control plane (k8s_cluster fixture, `cluster` marker).
+pytest_plugins = ["tests.cluster.fixtures"]
+
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:

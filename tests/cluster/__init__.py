@@ -1,0 +1,1 @@
+"""Loopback Kubernetes control plane built from Go modules (see README.md)."""
