@@ -76,6 +76,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store = store or await open_store(settings.database_url)
+        app.state.store.on_change = app.state.notifier.notify
+        await app.state.store.attach()
         sweeper = asyncio.create_task(_sweep_forever(app), name="epochsvc-sweeper")
         try:
             yield

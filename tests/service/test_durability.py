@@ -166,3 +166,25 @@ def test_long_poll_sees_changes_from_another_service_process(
         assert took < 5
         epochs = body["epochs"]
         assert isinstance(epochs, list) and len(epochs) == 1
+
+
+def test_reads_through_another_service_process_follow_writes(
+    service_factory: ServiceFactory, postgres: PostgresServer
+) -> None:
+    """Each process answers reads from its own copy of the ledger; another process's writes
+    reach it by NOTIFY. A new epoch is found at once (a miss goes to the database) and a
+    state change shows within the follower's catch-up time."""
+    url = postgres.new_database()
+    a = service_factory(url)
+    b = service_factory(url)
+    with a.client() as ca, b.client() as cb:
+        r = ca.post("/v1/epochs", json={"namespace": "ns", "server": "rd", "request_uid": "u"})
+        epoch = r.json()["epoch"]
+        assert cb.get(f"/v1/epochs/{epoch}").json()["state"] == "pending"
+        ca.post(f"/v1/epochs/{epoch}/bind", json={"pod_name": "p", "pod_uid": "pu"})
+        deadline = time.monotonic() + 3
+        while cb.get(f"/v1/epochs/{epoch}").json()["state"] != "live":
+            assert time.monotonic() < deadline, "process b never saw the bind made through a"
+            time.sleep(0.05)
+        listed = cb.get("/v1/servers/ns/rd/epochs").json()
+        assert [e["state"] for e in listed["epochs"]] == ["live"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from epochsvc.service.lifecycle import Action, State
@@ -61,10 +61,17 @@ class EpochStore(abc.ABC):
     """A durable ledger. Every method is one transaction; every change bumps the revision."""
 
     ledger_id: str
+    # Called (on the event loop) when changes made by *another* process arrive, so that long
+    # polls wake without polling the database.
+    on_change: Callable[[], None] | None = None
 
     @property
     def ledger8(self) -> str:
         return self.ledger_id[:8]
+
+    @abc.abstractmethod
+    async def attach(self) -> None:
+        """Start background work on the running event loop (the one that serves requests)."""
 
     @abc.abstractmethod
     async def issue(

@@ -38,8 +38,10 @@ class GroupCommitter:
         engine: Engine,
         wrap_errors: Callable[[BaseException], BaseException],
         on_commit: Callable[[list[Any]], None] | None = None,
+        before_commit: Callable[[Connection], None] | None = None,
     ) -> None:
         self._engine = engine
+        self._before_commit = before_commit
         self._wrap = wrap_errors
         self._on_commit = on_commit
         self._pending: list[tuple[Op, asyncio.Future[Any]]] = []
@@ -96,6 +98,8 @@ class GroupCommitter:
                     outcomes.append((True, unchanged.value))
                 except Exception as exc:
                     outcomes.append((False, exc))
+            if self._before_commit is not None:
+                self._before_commit(conn)
         return outcomes
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -46,6 +47,7 @@ from epochsvc.service.store.base import (
     UnknownEpoch,
 )
 from epochsvc.service.store.groupcommit import GroupCommitter, NoChange
+from epochsvc.service.store.mirror import LedgerMirror
 from epochsvc.tokens import FALLBACK_INCARNATION_MIN
 
 log = logging.getLogger("epochsvc.store")
@@ -82,6 +84,10 @@ epochs_table = sa.Table(
 )
 
 T = TypeVar("T")
+# PostgreSQL channel on which every commit announces itself to the other service processes.
+_CHANNEL = "epochsvc_ledger"
+# A follower also catches up this often without a notification (one could be lost).
+_CATCH_UP_SECONDS = 1.0
 # Threads for blocking reads (PostgreSQL; SQLite answers reads from memory).
 READ_THREADS = 4
 _LEDGER_ROW = 1
@@ -150,10 +156,17 @@ class SqlEpochStore(EpochStore):
         self._lock = file_lock
         self.dialect = dialect
         self.ledger_id = ""
-        self._committer = GroupCommitter(writer, _store_error, self._remember)
+        self._committer = GroupCommitter(
+            writer,
+            _store_error,
+            self._remember,
+            before_commit=_notify_followers if dialect == "postgresql" else None,
+        )
         self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="epochsvc-reader")
-        self._mirror: dict[int, EpochRecord] | None = None
-        self._revision = 0
+        self._mirror = LedgerMirror()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_following = threading.Event()
+        self._follower: threading.Thread | None = None
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -170,8 +183,7 @@ class SqlEpochStore(EpochStore):
             store = cls(engine, engine, dialect="postgresql")
         try:
             await store._call(store._initialise)
-            if store.dialect == "sqlite":
-                await store._call(store._load_mirror)
+            await store._reload_mirror()
         except BaseException:
             await store.close()
             raise
@@ -198,26 +210,92 @@ class SqlEpochStore(EpochStore):
             else:
                 self.ledger_id = row.ledger_id
 
-    def _load_mirror(self) -> None:
-        with self._read() as conn, conn.begin():
-            self._revision = int((conn.execute(sa.select(ledger_table.c.revision))).scalar_one())
-            rows = (conn.execute(sa.select(epochs_table))).all()
-        self._mirror = {int(r.generation): self._record(r) for r in rows}
+    async def attach(self) -> None:
+        """Start following other processes' writes, delivering them to the running loop.
+
+        SQLite: this process is the only writer, so its copy is complete by construction.
+        PostgreSQL: other service processes write too; a follower thread keeps the copy
+        current from their NOTIFYs (and a periodic catch-up), and readers use the database
+        whenever the copy may be behind.
+        """
+        if self.dialect != "postgresql" or self._follower is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        await self._reload_mirror()  # anything written since open()
+        self._follower = threading.Thread(
+            target=self._follow, name="epochsvc-follower", daemon=True
+        )
+        self._follower.start()
+
+    def _changes(self, conn: Connection, since: int | None) -> tuple[list[EpochRecord], int]:
+        """Every epoch (``since`` None) or those changed after ``since``, and the revision."""
+        with conn.begin():
+            revision = int(conn.execute(sa.select(ledger_table.c.revision)).scalar_one())
+            query = sa.select(epochs_table)
+            if since is not None:
+                query = query.where(epochs_table.c.revision > since)
+            rows = conn.execute(query).all()
+        return [self._record(r) for r in rows], revision
+
+    async def _reload_mirror(self) -> None:
+        def read() -> tuple[list[EpochRecord], int]:
+            with self._read() as conn:
+                return self._changes(conn, None)
+
+        records, revision = await self._call(read)
+        self._mirror.replace(records, revision)
 
     def _remember(self, values: list[Any]) -> None:
-        """After each group commit: bring the mirror up to date, in commit order."""
-        if self._mirror is None:
-            return
-        for value in values:
-            record = value[0] if isinstance(value, tuple) else value
-            if isinstance(record, EpochRecord):
-                self._mirror[record.generation] = record
-                self._revision = max(self._revision, record.revision)
+        """After each group commit: this process's own writes are in its copy at once."""
+        records = [v[0] if isinstance(v, tuple) else v for v in values]
+        fresh = [r for r in records if isinstance(r, EpochRecord)]
+        self._mirror.apply(fresh, max((r.revision for r in fresh), default=0))
+
+    def _follow(self) -> None:
+        """PostgreSQL: LISTEN for other processes' commits and pull what changed."""
+        backoff = 0.5
+        while not self._stop_following.is_set():
+            try:
+                with self._reader.connect() as conn:
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                    raw = conn.connection.driver_connection
+                    assert raw is not None
+                    raw.execute(f"LISTEN {_CHANNEL}")
+                    records, since = self._changes(conn, None)
+                    self._hand_over(records, since, full=True)
+                    backoff = 0.5
+                    while not self._stop_following.is_set():
+                        notes = list(raw.notifies(timeout=_CATCH_UP_SECONDS, stop_after=1))
+                        full = any(n.payload == "reload" for n in notes)
+                        records, since = self._changes(conn, None if full else since)
+                        self._hand_over(records, since, full=full)
+            except Exception as exc:
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(self._mark_unsynced)
+                log.warning("ledger follower lost the database: %s", _store_error(exc))
+                self._stop_following.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _hand_over(self, records: list[EpochRecord], revision: int, *, full: bool) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._apply_followed, records, revision, full)
+
+    def _apply_followed(self, records: list[EpochRecord], revision: int, full: bool) -> None:
+        mirror = self._mirror
+        changed = mirror.replace(records, revision) if full else mirror.apply(records, revision)
+        if changed and self.on_change is not None:
+            self.on_change()
+
+    def _mark_unsynced(self) -> None:
+        self._mirror.synced = False
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._close)
 
     def _close(self) -> None:
+        self._stop_following.set()
+        if self._follower is not None:
+            self._follower.join(timeout=_CATCH_UP_SECONDS + 5)
         self._committer.close()
         self._readers.shutdown(wait=True)
         self._writer.dispose()
@@ -422,21 +500,24 @@ class SqlEpochStore(EpochStore):
                 )
             ).rowcount
             compacted = (conn.execute(epochs_table.delete().where(expired))).rowcount
+            if self.dialect == "postgresql":  # deletions: followers reload their whole copy
+                conn.execute(sa.select(sa.func.pg_notify(_CHANNEL, "reload")))
             return SweepResult(abandoned=abandoned, compacted=compacted)
 
         result = await self._write(op)
-        if (result.abandoned or result.compacted) and self._mirror is not None:
-            await self._call(self._load_mirror)
+        if result.abandoned or result.compacted:
+            await self._reload_mirror()
         return result
 
     # --- reads --------------------------------------------------------------------------
 
     async def get(self, generation: int) -> EpochRecord:
-        if self._mirror is not None:
-            try:
-                return self._mirror[generation]
-            except KeyError:
-                raise UnknownEpoch(f"{self.ledger8}-{generation}") from None
+        record = self._mirror.records.get(generation) if self._mirror.synced else None
+        if record is not None:
+            return record
+        if self.dialect == "sqlite":
+            raise UnknownEpoch(f"{self.ledger8}-{generation}")
+        # Not in the copy: perhaps issued by another process a moment ago.
 
         def read() -> EpochRecord:
             with self._read() as conn:
@@ -448,18 +529,9 @@ class SqlEpochStore(EpochStore):
         self, namespace: str, server: str, states: Iterable[State] = ()
     ) -> ServerSnapshot:
         wanted = {State(s) for s in states}
-        if self._mirror is not None:
-            records = sorted(
-                (
-                    r
-                    for r in self._mirror.values()
-                    if r.namespace == namespace
-                    and r.server == server
-                    and (not wanted or r.state in wanted)
-                ),
-                key=lambda r: r.generation,
-            )
-            return ServerSnapshot(self._revision, records)
+        if self._mirror.synced:
+            records = self._mirror.list(namespace, server, wanted)
+            return ServerSnapshot(self._mirror.revision, records)
         query = (
             sa.select(epochs_table)
             .where(epochs_table.c.namespace == namespace, epochs_table.c.server == server)
@@ -478,16 +550,8 @@ class SqlEpochStore(EpochStore):
         return await self._call(read)
 
     async def server_revision(self, namespace: str, server: str) -> tuple[int, int]:
-        if self._mirror is not None:
-            newest = max(
-                (
-                    r.revision
-                    for r in self._mirror.values()
-                    if r.namespace == namespace and r.server == server
-                ),
-                default=0,
-            )
-            return newest, self._revision
+        if self._mirror.synced:
+            return self._mirror.server_revision(namespace, server), self._mirror.revision
 
         def read() -> tuple[int, int]:
             with self._read() as conn:
@@ -521,6 +585,11 @@ class SqlEpochStore(EpochStore):
                 conn.execute(sa.select(ledger_table.c.revision))
 
         await self._call(read)
+
+
+def _notify_followers(conn: Connection) -> None:
+    """Delivered by PostgreSQL at commit, to every other service process's follower."""
+    conn.execute(sa.select(sa.func.pg_notify(_CHANNEL, "change")))
 
 
 def _store_error(exc: BaseException) -> BaseException:
