@@ -59,6 +59,14 @@ class _Attempt:
         self.stop.set()
 
 
+@dataclass(eq=False)
+class _Cursor:
+    """The newest cursor of one call's stream, and every older one that led to it."""
+
+    value: str | None = None
+    seen: list[str] = field(default_factory=list)
+
+
 def _copy(exc: ResumptionRejected) -> ResumptionRejected:
     """One exception object per failed caller (tracebacks are per raise)."""
     return ResumptionRejected(exc.reason, exc.detail)
@@ -92,6 +100,7 @@ class EpochClient:
         self._attempt: _Attempt | None = None
         self._lock = anyio.Lock()
         self._count = 0
+        self._cursors: dict[str, _Cursor] = {}
         self.rejections: list[ResumptionRejected] = []
 
     async def __aenter__(self) -> EpochClient:
@@ -135,6 +144,20 @@ class EpochClient:
         att.reject(reason, detail)
         self.rejections.append(ResumptionRejected(reason, detail))
 
+    async def _fresh_cursor(self, request: httpx2.Request) -> None:
+        """Resume from the newest cursor, never an older one of the same stream.
+
+        When a resumed stream breaks, the SDK (mcp 2.3) reconnects from the cursor that stream
+        was opened with, not from the last event it delivered; the server then replays, exactly
+        as asked, events the caller already has (duplicates). Event IDs are unique per process
+        epoch, so an older cursor of a call's stream maps to its newest one without ambiguity.
+        """
+        sent = request.headers.get("last-event-id")
+        if sent:
+            newest = self._cursors.get(sent)
+            if newest is not None and newest.value and newest.value != sent:
+                request.headers["last-event-id"] = newest.value
+
     async def _run_attempt(
         self, att: _Attempt, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
@@ -144,7 +167,7 @@ class EpochClient:
         async def hook(response: httpx2.Response) -> None:
             await self._on_response(att, response)
 
-        http.event_hooks = {"request": [], "response": [hook]}
+        http.event_hooks = {"request": [self._fresh_cursor], "response": [hook]}
         try:
             async with http:
                 # A rejected session is gone on the server; deleting it would only 404.
@@ -212,10 +235,14 @@ class EpochClient:
     ) -> CallToolResult:
         """``tools/call`` that resumes from its cursor on transport errors (with backoff)."""
         cursor: str | None = None
+        chain = _Cursor()
 
         async def on_token(token: str) -> None:
             nonlocal cursor
             cursor = token
+            chain.value = token
+            chain.seen.append(token)
+            self._cursors[token] = chain
 
         request = CallToolRequest(params=CallToolRequestParams(name=name, arguments=arguments))
 
@@ -244,4 +271,8 @@ class EpochClient:
                 )
             raise AssertionError("unreachable")  # pragma: no cover
 
-        return await self.run(call)
+        try:
+            return await self.run(call)
+        finally:
+            for token in chain.seen:
+                self._cursors.pop(token, None)

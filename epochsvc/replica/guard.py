@@ -72,6 +72,20 @@ async def send_rejection(send: Send, reason: Reason, detail: str = "") -> None:
     await _respond(send, 404, body, [(REJECTED_HEADER.encode(), reason.encode())])
 
 
+def _without_protocol_header(scope: Scope) -> Scope:
+    """The scope of an admitted resumption, minus ``mcp-protocol-version``.
+
+    For 2025-11-25 the SDK (mcp 2.3) sends a priming event after replaying and only then
+    registers the stream for live delivery; sending it waits for the client, and an event the
+    tool emits meanwhile is stored but never sent live (a silent gap, or a result that never
+    arrives). Without the header the SDK takes its default revision, which has no priming
+    event, and registers the stream right after our replay returns. The client loses nothing:
+    the replayed events carry cursors, and with none replayed its cursor is still valid.
+    """
+    headers = [(k, v) for k, v in scope["headers"] if bytes(k).lower() != PROTOCOL_HEADER]
+    return {**scope, "headers": headers}
+
+
 class ResumptionGuard:
     """Wrap the SDK's Streamable HTTP ASGI app: ``ResumptionGuard(app, store)``."""
 
@@ -107,6 +121,8 @@ class ResumptionGuard:
             await send_rejection(send, "retired", "this process's epoch is retired")
             return
 
+        if resuming:
+            scope = _without_protocol_header(scope)
         fresh = tag is None and sid is None
         if fresh:
             tag = SessionTag()

@@ -1,0 +1,206 @@
+"""Ground truth and the per-call checker: did the client accept exactly what its server sent?
+
+The demo's tool stamps every message it sends with a :class:`Token` naming the logical session
+(a uid chosen by the client), the call, what the message is (a progress ``step``, a
+server-to-client request ``ask``, the final ``done``) and its ordinal. The client therefore does
+not have to trust event IDs or session IDs to know whether an event it accepted belonged to it:
+a foreign token is an event of another session or call, a repeated ordinal is a duplicate, a
+skipped ordinal is a missing event. This module is pure (no I/O, no clock), so it is unit-tested
+on hand-made sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["step", "ask", "done"]
+_KINDS: frozenset[str] = frozenset({"step", "ask", "done"})
+SEP = "|"
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """``uid|call|kind|n|replica``: who a message was for, what it was, and who sent it."""
+
+    uid: str
+    call: str
+    kind: Kind
+    n: int
+    replica: str = ""
+
+    def encode(self) -> str:
+        return SEP.join((self.uid, self.call, self.kind, str(self.n), self.replica))
+
+    @classmethod
+    def parse(cls, text: str | None) -> Token | None:
+        """The token in ``text``, or ``None`` when ``text`` is not one (never raises)."""
+        if not text:
+            return None
+        parts = text.split(SEP)
+        if len(parts) != 5 or parts[2] not in _KINDS or not parts[3].isdigit():
+            return None
+        kind: Kind = parts[2]  # type: ignore[assignment]
+        return cls(parts[0], parts[1], kind, int(parts[3]), parts[4])
+
+
+Outcome = Literal["pending", "completed", "rejected", "failed", "hung"]
+
+
+@dataclass(slots=True)
+class Reconnect:
+    """One ``Last-Event-ID`` reconnect of a call's stream, as the client saw it."""
+
+    same_process: bool | None  # None: the stream's origin was not known
+    status: int
+    lossless: bool | None = None  # decided by what the call accepts after it
+    delivered: bool = False
+    base: tuple[int, int, int] = (0, 0, 0)  # violations counted before it
+
+
+@dataclass(slots=True)
+class CallCheck:
+    """Everything one call accepted, checked against the ground truth as it arrives.
+
+    ``steps`` and ``asks`` are what the server will send for this call when nothing goes wrong:
+    progress steps 1..steps and server-to-client requests 1..asks, then the result.
+    """
+
+    uid: str
+    call: str
+    steps: int
+    asks: int
+    last_step: int = 0
+    last_ask: int = 0
+    foreign: int = 0
+    duplicated: int = 0
+    missing: int = 0
+    outcome: Outcome = "pending"
+    reconnects: list[Reconnect] = field(default_factory=list)
+    _open: Reconnect | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.foreign == 0 and self.duplicated == 0 and self.missing == 0
+
+    @property
+    def _violations(self) -> tuple[int, int, int]:
+        return (self.foreign, self.duplicated, self.missing)
+
+    def _close(self, *, completed: bool = False) -> None:
+        """Decide the open reconnect: lossless iff nothing wrong was accepted after it, and it
+        delivered something (or the call completed); otherwise leave it undecided."""
+        rc = self._open
+        self._open = None
+        if rc is not None and (rc.delivered or completed):
+            rc.lossless = self._violations == rc.base
+
+    def reconnected(self, same_process: bool | None, status: int) -> None:
+        """A reconnect with ``Last-Event-ID`` was answered with ``status``. Whether it resumed
+        losslessly is decided by what the call accepts next; a reconnect followed by nothing
+        but another reconnect stays undecided (``None``)."""
+        self._close()
+        rc = Reconnect(same_process, status, base=self._violations)
+        self.reconnects.append(rc)
+        if status < 300:
+            self._open = rc
+
+    def accept(self, text: str | None, kind: Kind) -> None:
+        """The client accepted a message of ``kind`` whose ground truth is ``text``."""
+        token = Token.parse(text)
+        if self._open is not None:
+            self._open.delivered = True
+        if token is None or token.uid != self.uid or token.call != self.call or token.kind != kind:
+            self.foreign += 1
+        elif kind == "done":
+            if token.n != self.steps:
+                self.foreign += 1  # a result of a call with another shape is not ours
+        else:
+            last = self.last_step if kind == "step" else self.last_ask
+            if token.n <= last:
+                self.duplicated += 1
+            else:
+                self.missing += token.n - last - 1
+                if kind == "step":
+                    self.last_step = token.n
+                else:
+                    self.last_ask = token.n
+
+    def finish(self, outcome: Outcome) -> None:
+        """The call ended. Only a completed call must have seen everything; a rejected or
+        failed call was told it failed, so its events need only be a clean prefix. A hung
+        call's resumptions all failed: none of them brought the answer."""
+        self.outcome = outcome
+        if outcome == "completed":
+            self.missing += max(0, self.steps - self.last_step) + max(0, self.asks - self.last_ask)
+            self._close(completed=True)
+        elif outcome == "hung":
+            self._open = None
+            for rc in self.reconnects:
+                if rc.status < 300 and rc.lossless is None:
+                    rc.lossless = False
+        else:
+            self._close()
+
+
+@dataclass(slots=True)
+class Tally:
+    """Per-fleet totals folded from sessions and calls."""
+
+    sessions: int = 0
+    corrupted_sessions: int = 0
+    calls: int = 0
+    completed: int = 0
+    rejected_calls: int = 0
+    failed_calls: int = 0
+    hung: int = 0
+    foreign: int = 0
+    duplicated: int = 0
+    missing: int = 0
+    reconnects: int = 0
+    same_process: int = 0
+    cross_process: int = 0
+    reconnects_rejected: int = 0
+    reconnects_failed: int = 0
+    cross_process_resumed: int = 0
+    lossless: int = 0
+    lossy: int = 0
+    undecided: int = 0
+    same_process_lossless: int = 0
+    same_process_lossy: int = 0
+
+    def add_session(self, calls: list[CallCheck]) -> None:
+        self.sessions += 1
+        if any(not c.clean for c in calls):
+            self.corrupted_sessions += 1
+        for c in calls:
+            self.add_call(c)
+
+    def add_call(self, c: CallCheck) -> None:
+        self.calls += 1
+        self.completed += c.outcome == "completed"
+        self.rejected_calls += c.outcome == "rejected"
+        self.failed_calls += c.outcome == "failed"
+        self.hung += c.outcome in ("hung", "pending")
+        self.foreign += c.foreign
+        self.duplicated += c.duplicated
+        self.missing += c.missing
+        for rc in c.reconnects:
+            self.reconnects += 1
+            self.same_process += rc.same_process is True
+            self.cross_process += rc.same_process is False
+            if rc.status == 404:
+                self.reconnects_rejected += 1
+                continue
+            if rc.status >= 300:
+                self.reconnects_failed += 1
+                continue
+            self.cross_process_resumed += rc.same_process is False
+            if rc.lossless is True:
+                self.lossless += 1
+                self.same_process_lossless += rc.same_process is True
+            elif rc.lossless is False:
+                self.lossy += 1
+                self.same_process_lossy += rc.same_process is True
+            else:
+                self.undecided += 1

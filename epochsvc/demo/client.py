@@ -1,0 +1,298 @@
+"""The scenario's clients: one long-lived MCP session each, busy with checked tool calls.
+
+A client runs ``work`` calls back to back. Each call streams progress notifications and makes
+the server ask the client (elicitation) every few steps; the tool awaits the answer. Everything
+the client accepts (progress, questions, the result) goes through a :class:`CallCheck`, and
+every ``Last-Event-ID`` reconnect is observed on the HTTP responses (status, and which replica
+answered, from the balancer's ``X-Demo-Backend``), so each reconnect is classified as
+same-process or cross-process and as lossless or not by what the call accepts next.
+
+* :class:`NaiveClient` is the SDK client's plain behaviour (``mcp.Client``): it reconnects as
+  the SDK does and believes what it gets. Only when a call passes its deadline does the user
+  give up on the session and open a new one (that call counts as hung).
+* :class:`EpochDemoClient` uses :class:`~epochsvc.replica.EpochClient`, the rejection path:
+  a rejected resumption fails the pending call at once and the next request opens a new
+  session; the client measures how long that re-initialization took.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.session import ClientRequestContext
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.dispatcher import ProgressFnT
+
+from epochsvc.demo.checker import CallCheck
+from epochsvc.demo.proxy import BACKEND_HEADER, CLIENT_HEADER
+from epochsvc.replica import EpochClient, ResumptionRejected
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """What every call asks the server for; ``deadline`` bounds a call (hung after it)."""
+
+    steps: int = 30
+    interval: float = 0.1
+    ask_every: int = 10
+    close_every: int = 0
+    slack: float = 6.0
+
+    @property
+    def asks(self) -> int:
+        return self.steps // self.ask_every if self.ask_every else 0
+
+    @property
+    def deadline(self) -> float:
+        return self.steps * self.interval + self.slack
+
+
+@dataclass
+class Reinit:
+    """A rejection seen by the client and what followed it."""
+
+    reason: str
+    seconds: float | None  # None: no new session came up
+
+
+@dataclass
+class ClientResult:
+    client: str
+    calls: list[CallCheck] = field(default_factory=list)
+    reinits: list[Reinit] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class DemoClient(abc.ABC):
+    """The call loop and the checks; subclasses say how a session is held."""
+
+    def __init__(self, index: int, url: str, shape: CallShape, stop: asyncio.Event) -> None:
+        self.name = f"c{index:03d}"
+        self.url = url
+        self.shape = shape
+        self.stop = stop
+        self.result = ClientResult(self.name)
+        self._calls = 0
+        self._current: CallCheck | None = None
+        self._current_session = 0
+        self._stream_backend: str | None = None
+
+    # --- what the client accepts ----------------------------------------------------------
+
+    async def on_elicit(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        """Check the question against the ground truth and echo its token as the answer."""
+        message = getattr(params, "message", "")
+        if self._current is not None:
+            self._current.accept(message, "ask")
+        return types.ElicitResult(action="accept", content={"token": message})
+
+    def observe(self, session: int, response: httpx2.Response) -> None:
+        """Every HTTP response of this client: find the call's stream and its reconnects."""
+        call = self._current
+        if call is None or session != self._current_session:
+            return
+        request = response.request
+        backend = response.headers.get(BACKEND_HEADER)
+        if request.method == "POST":
+            ctype = response.headers.get("content-type", "")
+            if ctype.startswith("text/event-stream") and b'"tools/call"' in request.content:
+                self._stream_backend = backend
+        elif request.method == "GET" and "last-event-id" in request.headers:
+            origin = self._stream_backend
+            same = None if origin is None or backend is None else backend == origin
+            call.reconnected(same, response.status_code)
+            if response.status_code < 300:
+                self._stream_backend = backend
+
+    def _new_call(self, session: int) -> tuple[CallCheck, dict[str, Any]]:
+        self._calls += 1
+        uid = f"{self.name}s{session}"
+        call = CallCheck(uid, f"k{self._calls}", self.shape.steps, self.shape.asks)
+        self.result.calls.append(call)
+        self._current, self._current_session, self._stream_backend = call, session, None
+        args = {
+            "uid": uid,
+            "call": call.call,
+            "steps": self.shape.steps,
+            "interval": self.shape.interval,
+            "ask_every": self.shape.ask_every,
+            "close_every": self.shape.close_every,
+        }
+        return call, args
+
+    @staticmethod
+    def _progress(call: CallCheck) -> ProgressFnT:
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            call.accept(message, "step")
+
+        return on_progress
+
+    @staticmethod
+    def _finish(call: CallCheck, result: types.CallToolResult) -> None:
+        content = result.content[0] if result.content else None
+        text = getattr(content, "text", None)
+        if result.is_error:
+            call.finish("failed")
+            return
+        call.accept(text, "done")
+        call.finish("completed")
+
+    @abc.abstractmethod
+    async def run(self) -> ClientResult:
+        """Run calls until ``stop`` is set, then let the last call end (or hang)."""
+
+
+class NaiveClient(DemoClient):
+    """The SDK client as it comes: ``mcp.Client`` over Streamable HTTP."""
+
+    async def run(self) -> ClientResult:
+        session = 0
+        while not self.stop.is_set():
+            session += 1
+            try:
+                await self._session(session)
+            except Exception as exc:  # the session could not even open: count and retry
+                self.result.errors.append(f"session {session}: {exc!r}")
+                await asyncio.sleep(0.2)
+        return self.result
+
+    async def _session(self, session: int) -> None:
+        http = create_mcp_http_client(headers={CLIENT_HEADER: self.name})
+
+        async def hook(response: httpx2.Response) -> None:
+            self.observe(session, response)
+
+        http.event_hooks = {"request": [], "response": [hook]}
+        async with (
+            http,
+            Client(
+                streamable_http_client(self.url, http_client=http, terminate_on_close=False),
+                mode="legacy",
+                elicitation_callback=self.on_elicit,
+            ) as client,
+        ):
+            while not self.stop.is_set():
+                call, args = self._new_call(session)
+                try:
+                    result = await asyncio.wait_for(
+                        client.call_tool("work", args, progress_callback=self._progress(call)),
+                        self.shape.deadline,
+                    )
+                except TimeoutError:
+                    call.finish("hung")
+                    return  # the user gives up on this session and opens a new one
+                except Exception:
+                    call.finish("failed")
+                    await asyncio.sleep(0.1)
+                    return  # an error ends this session for the user too: start a new one
+                self._finish(call, result)
+
+
+class _ObservedEpochClient(EpochClient):
+    """``EpochClient`` that also shows every HTTP response to the demo's observer."""
+
+    def __init__(
+        self, url: str, observer: Callable[[int, httpx2.Response, bool], None], **kw: Any
+    ) -> None:
+        super().__init__(url, **kw)
+        self._observer = observer
+
+    async def _on_response(self, att: Any, response: httpx2.Response) -> None:
+        await super()._on_response(att, response)
+        self._observer(att.number, response, att.rejected is not None)
+
+
+class EpochDemoClient(DemoClient):
+    """The mcp-epoch client: ``EpochClient`` and its rejection path."""
+
+    def __init__(self, index: int, url: str, shape: CallShape, stop: asyncio.Event) -> None:
+        super().__init__(index, url, shape, stop)
+        self._rejected_at: dict[int, tuple[float, str]] = {}
+        self._ready_at: dict[int, float] = {}
+
+    def _observe(self, session: int, response: httpx2.Response, rejected: bool) -> None:
+        if rejected and session not in self._rejected_at:
+            reason = response.headers.get("mcp-resumption-rejected", "unknown")
+            self._rejected_at[session] = (time.monotonic(), reason)
+        self.observe(session, response)
+
+    async def run(self) -> ClientResult:
+        ec = _ObservedEpochClient(
+            self.url,
+            self._observe,
+            headers={CLIENT_HEADER: self.name},
+            min_backoff=0.05,
+            elicitation_callback=self.on_elicit,
+        )
+        async with ec:
+            self._ready_at[ec.session_number] = time.monotonic()
+            while not self.stop.is_set():
+                session = ec.session_number
+                call, args = self._new_call(session)
+                try:
+                    result = await asyncio.wait_for(
+                        ec.call_tool("work", args, progress_callback=self._progress(call)),
+                        self.shape.deadline,
+                    )
+                except ResumptionRejected:
+                    call.finish("rejected")
+                    await self._reinit(ec)
+                    continue
+                except TimeoutError:
+                    call.finish("hung")
+                    continue
+                except Exception as exc:
+                    call.finish("failed")
+                    self.result.errors.append(repr(exc))
+                    await asyncio.sleep(0.1)
+                    continue
+                self._ready_at.setdefault(session, time.monotonic())
+                self._finish(call, result)
+            if self._rejected_at and max(self._rejected_at) >= max(self._ready_at):
+                await self._reinit(ec)  # a rejection after the last call: re-init anyway
+        self._fold_reinits()
+        return self.result
+
+    async def _reinit(self, ec: EpochClient) -> None:
+        """The next request opens a new session; a ping is the cheapest next request."""
+        for _ in range(3):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ec.run(lambda c: c.send_ping()), 10.0)
+                self._ready_at.setdefault(ec.session_number, time.monotonic())
+                return
+            await asyncio.sleep(0.1)
+
+    def _fold_reinits(self) -> None:
+        for number, (at, reason) in sorted(self._rejected_at.items()):
+            later = [t for n, t in self._ready_at.items() if n > number and t >= at]
+            self.result.reinits.append(Reinit(reason, min(later) - at if later else None))
+
+
+def make_client(
+    kind: str, index: int, url: str, shape: CallShape, stop: asyncio.Event
+) -> DemoClient:
+    cls: type[DemoClient] = EpochDemoClient if kind == "epoch" else NaiveClient
+    return cls(index, url, shape, stop)
+
+
+def drop_schedule(rng: random.Random, mean: float, start: float, end: float) -> list[float]:
+    """Random drop moments (a Poisson process of rate 1/mean) in [start, end)."""
+    out: list[float] = []
+    t = start + rng.expovariate(1.0 / mean)
+    while t < end:
+        out.append(t)
+        t += rng.expovariate(1.0 / mean)
+    return out

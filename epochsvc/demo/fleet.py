@@ -1,0 +1,218 @@
+"""Fleet drivers: how replicas come and go, and how a rolling deploy happens.
+
+The scenario only asks a :class:`FleetDriver` for "N replicas" and "a rolling deploy", and
+learns the replica set of the moment through a :class:`ReplicaSetListener` (the balancer).
+:class:`LocalProcessFleet` runs replicas as local processes and plays the operator against the
+epoch service itself; a Kubernetes driver (pods, ``kubectl rollout restart``, a pod runner) can
+implement the same interface and reuse the scenario, clients and checker unchanged.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import httpx
+
+from epochsvc.demo.proxy import Backend
+from epochsvc.demo.service import EpochService, epoch_path, operator_call
+
+Kind = Literal["naive", "epoch"]
+NAMESPACE = "demo"
+SERVER = "demo"
+
+
+class ReplicaSetListener(Protocol):
+    """Whoever routes traffic: told when a replica joins or leaves the set."""
+
+    def add(self, backend: Backend) -> None: ...
+
+    def remove(self, name: str) -> None: ...
+
+
+@dataclass
+class Replica:
+    backend: Backend
+    epoch: str  # pod epoch ("" for naive replicas)
+    process_epoch: str
+    proc: subprocess.Popen[str] | None = None
+
+
+class FleetDriver(abc.ABC):
+    """Starts N replicas, replaces them all one by one, and tears everything down."""
+
+    kind: Kind
+
+    @abc.abstractmethod
+    async def start(self, count: int) -> None:
+        """Bring up ``count`` replicas and announce each to the listener once it serves."""
+
+    @abc.abstractmethod
+    async def rolling_deploy(self, pause: float) -> None:
+        """Replace every replica, one at a time, ``pause`` seconds apart."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop every replica (and whatever else the driver started)."""
+
+    @abc.abstractmethod
+    def replicas(self) -> list[Replica]:
+        """Every replica this driver started so far, in start order (for the report)."""
+
+
+class LocalProcessFleet(FleetDriver):
+    """Replicas as ``python -m epochsvc.demo.replica`` processes on loopback.
+
+    For the mcp-epoch fleet the driver does what the operator does for a pod: issue a pod
+    epoch, bind it, start the process with the injected environment; and for the old pod:
+    drain, take it out of the rotation, stop the process, retire.
+    """
+
+    def __init__(
+        self,
+        kind: Kind,
+        listener: ReplicaSetListener,
+        workdir: Path,
+        *,
+        service: EpochService | None = None,
+        buffer_events: int = 3000,
+        log: Callable[[str], None] = lambda _line: None,
+    ) -> None:
+        if kind == "epoch" and service is None:
+            raise ValueError("the mcp-epoch fleet needs the epoch service")
+        self.kind = kind
+        self.listener = listener
+        self.workdir = workdir
+        self.service = service
+        self.buffer_events = buffer_events
+        self.log = log
+        self._all: list[Replica] = []
+        self._live: list[Replica] = []
+        self._counter = 0
+        self._ops: httpx.AsyncClient | None = service.client() if service else None
+
+    def replicas(self) -> list[Replica]:
+        return list(self._all)
+
+    async def start(self, count: int) -> None:
+        started = await asyncio.gather(*(self._launch() for _ in range(count)))
+        for rep in started:
+            self._live.append(rep)
+            self.listener.add(rep.backend)
+
+    async def rolling_deploy(self, pause: float) -> None:
+        for old in list(self._live):
+            t0 = time.monotonic()
+            new = await self._launch()
+            self._live.append(new)
+            self.listener.add(new.backend)
+            await self._retire(old)
+            self.log(
+                f"  replaced {old.backend.name} by {new.backend.name}"
+                + (f" (epoch {new.process_epoch})" if new.process_epoch else "")
+                + f" in {time.monotonic() - t0:.1f}s"
+            )
+            await asyncio.sleep(pause)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self._stop(r) for r in self._all))
+        self._live.clear()
+        if self._ops is not None:
+            await self._ops.aclose()
+
+    # --- one replica ----------------------------------------------------------------------
+
+    async def _launch(self) -> Replica:
+        self._counter += 1
+        name = f"{self.kind}-r{self._counter}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_")}
+        epoch = ""
+        if self.service is not None and self._ops is not None:
+            uid = str(uuid.uuid4())
+            issued = await operator_call(
+                self._ops,
+                "/v1/epochs",
+                {"namespace": NAMESPACE, "server": SERVER, "request_uid": uid},
+            )
+            epoch = str(issued["epoch"])
+            await operator_call(
+                self._ops, epoch_path(epoch, "bind"), {"pod_name": name, "pod_uid": uid}
+            )
+            env.update(
+                {
+                    "MCP_EPOCH": epoch,
+                    "MCP_EPOCH_SERVICE_URL": self.service.url,
+                    "MCP_EPOCH_SERVICE_TOKEN": self.service.replica_token,
+                    "MCP_SERVER_NAMESPACE": NAMESPACE,
+                    "MCP_SERVER_NAME": SERVER,
+                    "MCP_POD_NAME": name,
+                    "MCP_POD_UID": uid,
+                    "MCP_RESUME_BUFFER_EVENTS": str(self.buffer_events),
+                }
+            )
+        cmd = [sys.executable, "-m", "epochsvc.demo.replica", "--kind", self.kind, "--name", name]
+        cmd += ["--buffer-events", str(self.buffer_events)]
+        log = self.workdir / f"{name}.log"
+        proc = await asyncio.to_thread(_spawn, cmd, env, log)
+        assert proc.stdout is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        if not line:
+            raise RuntimeError(f"replica {name} exited at start; see {log}")
+        info = json.loads(line)
+        rep = Replica(Backend(name, "127.0.0.1", int(info["port"])), epoch, info["epoch"], proc)
+        self._all.append(rep)
+        await _wait_serving(rep.backend)
+        return rep
+
+    async def _retire(self, rep: Replica) -> None:
+        epoch = rep.epoch
+        if epoch and self._ops is not None:
+            await operator_call(self._ops, epoch_path(epoch, "drain"))
+        self.listener.remove(rep.backend.name)
+        self._live.remove(rep)
+        await self._stop(rep)
+        if epoch and self._ops is not None:
+            await operator_call(self._ops, epoch_path(epoch, "retire"))
+
+    async def _stop(self, rep: Replica) -> None:
+        proc, rep.proc = rep.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.to_thread(proc.wait, 2.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    with log.open("a") as err:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+
+
+async def _wait_serving(backend: Backend, within: float = 20.0) -> None:
+    """Ready = the app answers (the replicas say 405 to a plain GET: no standalone stream)."""
+    url = f"http://{backend.host}:{backend.port}/mcp"
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await http.get(url)).status_code == 405:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica {backend.name} is not serving")
+            await asyncio.sleep(0.05)

@@ -1,0 +1,136 @@
+"""One replica process of either fleet, on the official MCP SDK.
+
+``python -m epochsvc.demo.replica --kind epoch|naive --name r1`` binds a free loopback port and
+prints one JSON line (``name``, ``port``, ``epoch``, ``pid``) so its driver learns where it
+listens. Both kinds serve the same ``work`` tool; they differ only in what the demo compares:
+
+* ``epoch``: the replica library exactly as the README tells a server to adopt it
+  (``EpochEventStore.from_env()`` + ``ResumptionGuard``), with the operator-style environment.
+* ``naive``: :mod:`epochsvc.demo.naive_server`, a model of ordinary servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import anyio
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
+
+from epochsvc.demo.checker import Token
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+RETRY_MS = 100  # the SSE retry the replicas suggest: clients reconnect 0.1 s after a drop
+
+mcp = MCPServer("mcp-epoch-demo")
+REPLICA = {"name": "?"}
+
+
+class Answer(BaseModel):
+    token: str
+
+
+@mcp.tool()
+async def work(
+    uid: str,
+    call: str,
+    steps: int,
+    interval: float,
+    ask_every: int = 0,
+    close_every: int = 0,
+    ctx: Context = None,  # type: ignore[assignment]
+) -> str:
+    """Stream ``steps`` progress notifications; every ``ask_every`` steps ask the client (an
+    elicitation the tool awaits); every ``close_every`` steps close the SSE stream (the SDK's
+    polling: the client reconnects with ``Last-Event-ID`` to this same process). Every message
+    carries a ground-truth token so the client can check what it accepts."""
+    name = REPLICA["name"]
+    asks = 0
+    for step in range(1, steps + 1):
+        await ctx.report_progress(step, steps, Token(uid, call, "step", step, name).encode())
+        if ask_every and step % ask_every == 0:
+            asks += 1
+            asked = Token(uid, call, "ask", asks, name).encode()
+            result = await ctx.elicit(asked, Answer)
+            data = getattr(result, "data", None)
+            if not isinstance(data, Answer) or data.token != asked:
+                raise ValueError(f"answer to {asked} was {data!r}")
+        if close_every and step % close_every == 0 and step < steps:
+            await ctx.close_sse_stream()
+        await anyio.sleep(interval)
+    return Token(uid, call, "done", steps, name).encode()
+
+
+class NoStandaloneStream:
+    """405 for a GET without ``Last-Event-ID``: the spec's way for a server to say it offers no
+    standalone stream. The demo's servers send nothing unsolicited, and without that stream
+    every ``Last-Event-ID`` reconnect a client makes belongs to a tool call (which is what the
+    client-side checker attributes reconnects to)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "GET":
+            names = {bytes(k).lower() for k, _ in scope["headers"]}
+            if b"last-event-id" not in names:
+                headers = [(b"allow", b"POST, DELETE"), (b"content-length", b"0")]
+                await send({"type": "http.response.start", "status": 405, "headers": headers})
+                await send({"type": "http.response.body", "body": b""})
+                return
+        await self.app(scope, receive, send)
+
+
+def build(kind: str, buffer_events: int) -> tuple[ASGIApp, str]:
+    """The replica's ASGI app and its epoch (empty for naive replicas)."""
+    if kind == "epoch":
+        from epochsvc.replica import EpochEventStore, ResumptionGuard
+
+        store = EpochEventStore.from_env()
+        inner = mcp.streamable_http_app(event_store=store, retry_interval=RETRY_MS)
+        return NoStandaloneStream(ResumptionGuard(inner, store)), str(store.epoch)
+    from epochsvc.demo.naive_server import NaiveEventStore, make_naive
+
+    inner = mcp.streamable_http_app(
+        event_store=NaiveEventStore(buffer_events), retry_interval=RETRY_MS
+    )
+    make_naive(mcp.session_manager)
+    return NoStandaloneStream(inner), ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=("epoch", "naive"), required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--buffer-events", type=int, default=3000)
+    args = parser.parse_args(argv)
+    REPLICA["name"] = args.name
+    app, epoch = build(args.kind, args.buffer_events)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, 0))
+    sock.listen(256)
+    port = sock.getsockname()[1]
+    info = {"name": args.name, "port": port, "epoch": epoch, "pid": os.getpid()}
+    print(json.dumps(info), flush=True)
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1, access_log=False
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

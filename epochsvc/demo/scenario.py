@@ -1,0 +1,225 @@
+"""The scenario: M clients, N replicas behind the balancer, random drops, a rolling deploy.
+
+One :func:`run_fleet` call runs the scenario against one fleet and returns its figures; the
+fleet is whatever a :data:`DriverFactory` builds (local processes here, pods later), so the
+timeline, the clients and the checks are the same for every way of running replicas.
+
+Timeline of a fleet: replicas up -> clients start -> drops begin -> after ``warm`` seconds the
+rolling deploy replaces every replica -> traffic keeps going until ``duration`` (and at least
+``cool`` seconds after the deploy) -> clients stop starting calls -> every call still running
+ends or hits its deadline (hung) -> teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from epochsvc.demo.checker import CallCheck, Tally
+from epochsvc.demo.client import CallShape, ClientResult, drop_schedule, make_client
+from epochsvc.demo.fleet import FleetDriver, Kind, LocalProcessFleet, Replica
+from epochsvc.demo.proxy import Balancer, Policy
+from epochsvc.demo.service import EpochService
+
+DriverFactory = Callable[[Kind, Balancer], FleetDriver]
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ScenarioConfig:
+    clients: int = 50
+    replicas: int = 3
+    duration: float = 22.0
+    seed: int = 7
+    drop_every: float = 8.0
+    warm: float = 5.0
+    cool: float = 3.0
+    deploy_pause: float = 1.5
+    policy: Policy = "link"
+    buffer_events: int = 3000
+    shape: CallShape = field(default_factory=CallShape)
+
+
+@dataclass
+class FleetResult:
+    kind: Kind
+    tally: Tally
+    reinits: int
+    reinits_ok: int
+    reinit_p50: float | None
+    reinit_p99: float | None
+    reasons: dict[str, int]
+    drops: int
+    requests: int
+    replicas: list[dict[str, str]]
+    seconds: float
+    errors: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "fleet": self.kind,
+            **asdict(self.tally),
+            "rejections": self.reinits,
+            "reinits_ok": self.reinits_ok,
+            "reinit_p50_s": self.reinit_p50,
+            "reinit_p99_s": self.reinit_p99,
+            "rejection_reasons": self.reasons,
+            "drops": self.drops,
+            "proxied_requests": self.requests,
+            "replicas": self.replicas,
+            "seconds": round(self.seconds, 1),
+            "client_errors": self.errors[:5],
+        }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[min(98, max(0, int(q) - 1))]
+
+
+def local_driver(
+    workdir: Path, service: EpochService | None, buffer_events: int, log: Log
+) -> DriverFactory:
+    """Local processes; the mcp-epoch fleet gets the epoch service."""
+
+    def make(kind: Kind, lb: Balancer) -> FleetDriver:
+        return LocalProcessFleet(
+            kind,
+            lb,
+            workdir,
+            service=service if kind == "epoch" else None,
+            buffer_events=buffer_events,
+            log=log,
+        )
+
+    return make
+
+
+async def run_fleet(
+    kind: Kind,
+    cfg: ScenarioConfig,
+    factory: DriverFactory,
+    log: Log,
+    dump: Path | None = None,
+) -> FleetResult:
+    """Run the scenario on one fleet; ``dump`` gets one JSON line per call that was not a
+    clean completion (and every client error), for looking into a run afterwards."""
+    t_start = time.monotonic()
+    lb = Balancer(cfg.policy)
+    await lb.start()
+    driver = factory(kind, lb)
+    stop = asyncio.Event()
+    try:
+        await driver.start(cfg.replicas)
+        log(f"  {cfg.replicas} replicas up, balancer on {lb.url} ({cfg.policy} round-robin)")
+        clients = [make_client(kind, i, lb.url, cfg.shape, stop) for i in range(cfg.clients)]
+        tasks = []
+        for c in clients:
+            tasks.append(asyncio.create_task(c.run()))
+            await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        log(f"  {cfg.clients} clients running; random drops every ~{cfg.drop_every:g}s per client")
+        chaos = asyncio.create_task(_chaos(lb, clients_names(clients), cfg, t0))
+        await asyncio.sleep(max(0.0, t0 + cfg.warm - time.monotonic()))
+        log("  rolling deploy: replacing every replica, one at a time")
+        await driver.rolling_deploy(cfg.deploy_pause)
+        end = max(t0 + cfg.duration, time.monotonic() + cfg.cool)
+        await asyncio.sleep(max(0.0, end - time.monotonic()))
+        stop.set()
+        chaos.cancel()
+        log(f"  traffic stopped; waiting up to {cfg.shape.deadline:.0f}s for calls in flight")
+        done, pending = await asyncio.wait(tasks, timeout=cfg.shape.deadline + 15)
+        for t in pending:
+            t.cancel()
+        results: list[ClientResult] = [t.result() for t in done if not t.exception()]
+        errors = [repr(t.exception()) for t in done if t.exception()]
+        if pending:
+            errors.append(f"{len(pending)} clients did not finish")
+    finally:
+        stop.set()
+        await driver.close()
+        await lb.stop()
+    if dump is not None:
+        _dump(dump, results, errors)
+    return _fold(kind, results, errors, lb, driver.replicas(), time.monotonic() - t_start)
+
+
+def _dump(path: Path, results: list[ClientResult], errors: list[str]) -> None:
+    with path.open("w") as out:
+        for r in results:
+            for c in r.calls:
+                if c.outcome != "completed" or not c.clean:
+                    row = {k: v for k, v in asdict(c).items() if not k.startswith("_")}
+                    out.write(json.dumps({"client": r.client, **row}) + "\n")
+            for e in r.errors:
+                out.write(json.dumps({"client": r.client, "error": e}) + "\n")
+            for x in r.reinits:
+                out.write(json.dumps({"client": r.client, "reinit": asdict(x)}) + "\n")
+        for e in errors:
+            out.write(json.dumps({"error": e}) + "\n")
+
+
+def clients_names(clients: list[Any]) -> list[str]:
+    return [str(c.name) for c in clients]
+
+
+async def _chaos(lb: Balancer, names: list[str], cfg: ScenarioConfig, t0: float) -> None:
+    """Cut each client's connections at its own random moments (seeded per client)."""
+    events: list[tuple[float, str]] = []
+    horizon = cfg.duration + 60.0
+    for i, name in enumerate(names):
+        rng = random.Random(cfg.seed * 100_003 + i)
+        events += [(t, name) for t in drop_schedule(rng, cfg.drop_every, 0.5, horizon)]
+    events.sort()
+    for at, name in events:
+        await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+        lb.drop(name)
+
+
+def _fold(
+    kind: Kind,
+    results: list[ClientResult],
+    errors: list[str],
+    lb: Balancer,
+    replicas: list[Replica],
+    seconds: float,
+) -> FleetResult:
+    tally = Tally()
+    for r in results:
+        by_uid: dict[str, list[CallCheck]] = {}
+        for c in r.calls:
+            by_uid.setdefault(c.uid, []).append(c)
+        for calls in by_uid.values():
+            tally.add_session(calls)
+        errors += r.errors
+    reinits = [x for r in results for x in r.reinits]
+    took = sorted(x.seconds for x in reinits if x.seconds is not None)
+    reasons: dict[str, int] = {}
+    for x in reinits:
+        reasons[x.reason] = reasons.get(x.reason, 0) + 1
+    return FleetResult(
+        kind=kind,
+        tally=tally,
+        reinits=len(reinits),
+        reinits_ok=len(took),
+        reinit_p50=percentile(took, 50),
+        reinit_p99=percentile(took, 99),
+        reasons=reasons,
+        drops=lb.stats.drops,
+        requests=lb.stats.requests,
+        replicas=[
+            {"name": r.backend.name, "epoch": r.process_epoch or "(counter ids)"} for r in replicas
+        ],
+        seconds=seconds,
+        errors=errors,
+    )

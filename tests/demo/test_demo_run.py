@@ -1,0 +1,38 @@
+"""`mcp-epoch demo` as a real subprocess, small: both fleets, the verdict read from its JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).with_name("mcp-epoch")
+
+
+def test_demo_small_run_proves_the_point(tmp_path: Path) -> None:
+    out = tmp_path / "summary.json"
+    cmd = [str(CLI), "demo", "--clients", "12", "--replicas", "3", "--duration", "8"]
+    cmd += ["--seed", "3", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    print(proc.stdout)  # both fleets' table lands in the test output (pytest -s / on failure)
+    print(proc.stderr[-3000:], file=sys.stderr)
+    summary = json.loads(out.read_text())
+    naive, epoch = summary["fleets"]["naive"], summary["fleets"]["epoch"]
+    for name, f in (("naive", naive), ("mcp-epoch", epoch)):
+        print(
+            f"{name}: sessions={f['sessions']} corrupted={f['corrupted_sessions']} "
+            f"hung={f['hung']} rejections={f['rejections']} reinits_ok={f['reinits_ok']} "
+            f"same-process lossless/lossy={f['same_process_lossless']}/"
+            f"{f['same_process_lossy']} reinit p50/p99={f['reinit_p50_s']}/{f['reinit_p99_s']}"
+        )
+    # The naive fleet shows the failure, or the scenario proves nothing.
+    assert naive["corrupted_sessions"] > 0 and naive["hung"] > 0
+    # The mcp-epoch fleet shows none of it.
+    assert epoch["corrupted_sessions"] == 0
+    assert epoch["hung"] == 0
+    assert epoch["rejections"] > 0 and epoch["reinits_ok"] == epoch["rejections"]
+    assert epoch["cross_process_resumed"] == 0
+    assert epoch["same_process_lossless"] > 0 and epoch["same_process_lossy"] == 0
+    assert summary["ok"] is True and proc.returncode == 0, summary["failed"]
