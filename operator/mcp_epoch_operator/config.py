@@ -1,0 +1,48 @@
+"""The operator's settings, gathered by ``cli`` from flags and environment (no kopf here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mcp_epoch_operator.resources import ReplicaDefaults
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookServing:
+    """Where and how this operator process serves the admission webhook."""
+
+    listen: str
+    port: int
+    cert: Path
+    key: Path
+    #: CA bundle put into a self-registered configuration (None: the serving certificate).
+    ca: Path | None = None
+    #: Host name or address the API server uses to reach us (self-registration only).
+    advertise: str | None = None
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything the running operator needs to know."""
+
+    #: None: every namespace; otherwise only these.
+    namespaces: list[str] | None
+    epoch_service_url: str
+    operator_token: str
+    replica: ReplicaDefaults
+    operator_namespace: str
+    webhook: WebhookServing | None = None
+    register_webhook: bool = False
+    webhook_config_name: str = "mcp-epoch-operator"
+    webhook_timeout_seconds: int = 5
+    excluded_namespaces: list[str] = field(default_factory=lambda: ["kube-system"])
+    resync_interval: float = 30.0
+    epoch_service_ca: Path | None = None
+    health_endpoint: str | None = None
+    #: ConfigMap (in the operator's namespace) remembering which servers have epochs.
+    servers_configmap: str = "mcp-epoch-operator-servers"
+
+    def webhook_excluded_namespaces(self) -> list[str]:
+        """kube-system and the operator's own namespace are never subject to the webhook."""
+        return sorted({*self.excluded_namespaces, "kube-system", self.operator_namespace})

@@ -1,0 +1,233 @@
+"""Pure builders: an ``McpServer`` object → the Deployment and Service it owns.
+
+Kept free of I/O so the shapes are unit-tested directly. The operator server-side-applies what
+these return (field manager ``mcp-epoch-operator``, forced): fields it sets are put back when
+someone edits them (drift), fields others own — e.g. ``kubectl rollout restart``'s annotation —
+are left alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_epoch_operator.names import (
+    API_VERSION,
+    ENV_BUFFER,
+    ENV_NAMESPACE,
+    ENV_POD_NAME,
+    ENV_POD_UID,
+    ENV_SERVER,
+    ENV_SERVICE_TOKEN,
+    ENV_SERVICE_URL,
+    KIND,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    SERVER_LABEL,
+)
+
+#: Replay buffer sizing (DESIGN.md: reconnect window * event rate). The floor keeps a short
+#: burst resumable even for a server declared as quiet; the cap bounds replica memory. The CRD
+#: rejects products above the cap, so the clamp only matters for objects stored before that rule.
+BUFFER_FLOOR = 256
+BUFFER_CAP = 1_000_000
+DEFAULT_RECONNECT_WINDOW_SECONDS = 30
+DEFAULT_EVENTS_PER_SECOND = 100
+DEFAULT_PORT = 8080
+DEFAULT_PATH = "/mcp"
+CONTAINER_NAME = "mcp"
+PORT_NAME = "mcp"
+DEFAULT_TOKEN_KEY = "token"
+
+#: Environment variables the operator sets itself; the CRD forbids them in ``spec.env``.
+RESERVED_ENV = (
+    "MCP_EPOCH",
+    ENV_SERVICE_URL,
+    ENV_SERVICE_TOKEN,
+    ENV_NAMESPACE,
+    ENV_SERVER,
+    ENV_POD_NAME,
+    ENV_POD_UID,
+    ENV_BUFFER,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSecretRef:
+    """Where a pod finds the replica token: a Secret key in the pod's own namespace."""
+
+    name: str
+    key: str = DEFAULT_TOKEN_KEY
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDefaults:
+    """What the operator (not the McpServer) decides for every managed pod."""
+
+    #: The epoch service URL as replicas reach it (in-cluster: the chart's Service DNS name).
+    service_url: str
+    #: Default replica-token Secret when an McpServer names none (None: inject no token).
+    token_secret: TokenSecretRef | None = None
+
+
+def buffer_events(reconnect_window_seconds: float | None, events_per_second: float | None) -> int:
+    """Ring-buffer capacity: ``window * rate`` rounded up, clamped to [floor, cap]."""
+    window = reconnect_window_seconds or DEFAULT_RECONNECT_WINDOW_SECONDS
+    rate = events_per_second or DEFAULT_EVENTS_PER_SECOND
+    wanted = math.ceil(float(window) * float(rate))
+    return max(BUFFER_FLOOR, min(BUFFER_CAP, wanted))
+
+
+def server_selector(name: str) -> dict[str, str]:
+    """Labels that select an McpServer's pods (Deployment selector, Service, scale selector)."""
+    return {SERVER_LABEL: name}
+
+
+def selector_string(name: str) -> str:
+    """The same selector in the string form the scale subresource reports."""
+    return ",".join(f"{k}={v}" for k, v in server_selector(name).items())
+
+
+def owner_reference(mcps: dict[str, Any]) -> dict[str, Any]:
+    """Controller owner reference: deleting the McpServer cascades to what it owns."""
+    meta = mcps["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _owned_metadata(mcps: dict[str, Any]) -> dict[str, Any]:
+    meta = mcps["metadata"]
+    return {
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE, **server_selector(meta["name"])},
+        "ownerReferences": [owner_reference(mcps)],
+    }
+
+
+def token_secret_of(spec: dict[str, Any], defaults: ReplicaDefaults) -> TokenSecretRef | None:
+    """The McpServer's own Secret reference wins over the operator's default."""
+    ref = (spec.get("epochService") or {}).get("tokenSecretRef")
+    if ref and ref.get("name"):
+        return TokenSecretRef(ref["name"], ref.get("key") or DEFAULT_TOKEN_KEY)
+    return defaults.token_secret
+
+
+def field_env(name: str, field_path: str) -> dict[str, Any]:
+    """A Downward API variable."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
+def secret_env(name: str, ref: TokenSecretRef) -> dict[str, Any]:
+    """A variable from a Secret: the token never sits in a Deployment or Pod spec."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
+def replica_env(
+    server: str,
+    buffer: int,
+    service_url: str | None,
+    token: TokenSecretRef | None,
+) -> list[dict[str, Any]]:
+    """Everything the replica library reads, except ``MCP_EPOCH`` (the webhook adds that)."""
+    env: list[dict[str, Any]] = [
+        {"name": ENV_SERVER, "value": server},
+        field_env(ENV_NAMESPACE, "metadata.namespace"),
+        field_env(ENV_POD_NAME, "metadata.name"),
+        field_env(ENV_POD_UID, "metadata.uid"),
+        {"name": ENV_BUFFER, "value": str(buffer)},
+    ]
+    if service_url:
+        env.append({"name": ENV_SERVICE_URL, "value": service_url})
+    if token is not None:
+        env.append(secret_env(ENV_SERVICE_TOKEN, token))
+    return env
+
+
+def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[str, Any]:
+    """The Deployment an McpServer owns, in the shape server-side apply expects."""
+    name = mcps["metadata"]["name"]
+    spec = mcps.get("spec") or {}
+    resumption = spec.get("resumption") or {}
+    buffer = buffer_events(
+        resumption.get("reconnectWindowSeconds"), resumption.get("eventsPerSecond")
+    )
+    port = int(spec.get("port") or DEFAULT_PORT)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec["image"],
+        "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "env": [
+            *(spec.get("env") or []),
+            *replica_env(name, buffer, defaults.service_url, token_secret_of(spec, defaults)),
+        ],
+    }
+    if spec.get("command"):
+        container["command"] = list(spec["command"])
+    if spec.get("args"):
+        container["args"] = list(spec["args"])
+    if spec.get("resources"):
+        container["resources"] = spec["resources"]
+    if spec.get("imagePullPolicy"):
+        container["imagePullPolicy"] = spec["imagePullPolicy"]
+
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    if spec.get("serviceAccountName"):
+        pod_spec["serviceAccountName"] = spec["serviceAccountName"]
+    if spec.get("terminationGracePeriodSeconds") is not None:
+        pod_spec["terminationGracePeriodSeconds"] = int(spec["terminationGracePeriodSeconds"])
+
+    rolling = spec.get("rollingUpdate") or {}
+    template_meta: dict[str, Any] = {
+        # The server label last, so a user label can never take it over.
+        "labels": {**(spec.get("podLabels") or {}), **server_selector(name)},
+    }
+    if spec.get("podAnnotations"):
+        template_meta["annotations"] = dict(spec["podAnnotations"])
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _owned_metadata(mcps),
+        "spec": {
+            "replicas": int(spec.get("replicas", 1)),
+            "selector": {"matchLabels": server_selector(name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {
+                    # Surge first: a rollout never lowers capacity unless asked to.
+                    "maxSurge": rolling.get("maxSurge", 1),
+                    "maxUnavailable": rolling.get("maxUnavailable", 0),
+                },
+            },
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def build_service(mcps: dict[str, Any]) -> dict[str, Any]:
+    """The ClusterIP Service in front of an McpServer's pods."""
+    name = mcps["metadata"]["name"]
+    spec = mcps.get("spec") or {}
+    port = int(spec.get("port") or DEFAULT_PORT)
+    meta = _owned_metadata(mcps)
+    # Clients find the MCP endpoint path next to the port.
+    meta["annotations"] = {"mcp.epochs.dev/path": spec.get("path") or DEFAULT_PATH}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": server_selector(name),
+            "ports": [
+                {"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}
+            ],
+        },
+    }

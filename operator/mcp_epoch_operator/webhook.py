@@ -1,0 +1,235 @@
+"""Pure admission logic: which pods get an epoch, and how a pod is changed to carry it.
+
+The kopf handler in ``handlers`` does the I/O (issuing the epoch); everything it decides is
+here, as functions from plain dicts to plain dicts, so it is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from epochsvc.tokens import DNS1123_LABEL_RE, UID_RE
+from mcp_epoch_operator.names import (
+    ENV_BUFFER,
+    ENV_EPOCH,
+    ENV_NAMESPACE,
+    ENV_POD_NAME,
+    ENV_POD_UID,
+    ENV_SERVER,
+    ENV_SERVICE_TOKEN,
+    ENV_SERVICE_URL,
+    EPOCH_ANNOTATION,
+    SERVER_LABEL,
+    WEBHOOK_NAME,
+    WEBHOOK_PATH,
+)
+from mcp_epoch_operator.resources import (
+    DEFAULT_EVENTS_PER_SECOND,
+    DEFAULT_RECONNECT_WINDOW_SECONDS,
+    ReplicaDefaults,
+    buffer_events,
+    field_env,
+    secret_env,
+)
+
+#: Plain (non-McpServer) Deployments size their replay buffer with these pod annotations.
+WINDOW_ANNOTATION = "mcp.epochs.dev/reconnect-window-seconds"
+RATE_ANNOTATION = "mcp.epochs.dev/events-per-second"
+
+
+class Refusal(ValueError):
+    """The pod cannot get an epoch for a reason its author must fix (not a transient error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Who an admission request issues an epoch for."""
+
+    namespace: str
+    server: str
+    request_uid: str
+
+
+def target_of(request: dict[str, Any]) -> Target | None:
+    """The (namespace, server, request UID) of a pod CREATE, or None if it needs no epoch.
+
+    Raises Refusal when the pod asks for an epoch in a way the ledger cannot accept, so the
+    author sees why instead of getting a pod that silently runs without one.
+    """
+    pod = request.get("object") or {}
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    server = labels.get(SERVER_LABEL)
+    if server is None:
+        return None
+    if not DNS1123_LABEL_RE.match(server):
+        raise Refusal(
+            f"label {SERVER_LABEL}={server!r} must be a DNS-1123 label (lowercase letters, "
+            "digits and '-', at most 63 characters): it names the MCP server in the epoch ledger"
+        )
+    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace")
+    if not namespace:
+        raise Refusal("the admission request names no namespace for the pod")
+    uid = str(request.get("uid") or "")
+    if not UID_RE.match(uid):
+        raise Refusal(f"the admission request UID {uid[:64]!r} is not usable as an idempotency key")
+    return Target(namespace=namespace, server=server, request_uid=uid)
+
+
+def _env_defaults(
+    pod: dict[str, Any], server: str, defaults: ReplicaDefaults
+) -> list[dict[str, Any]]:
+    """Variables added only where a container does not already set them.
+
+    McpServer pods get them from their Deployment; plain labelled Deployments get the same
+    environment here, so "exactly like an McpServer's" holds without touching their manifests.
+    """
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    buffer = buffer_events(
+        _number(annotations.get(WINDOW_ANNOTATION), DEFAULT_RECONNECT_WINDOW_SECONDS),
+        _number(annotations.get(RATE_ANNOTATION), DEFAULT_EVENTS_PER_SECOND),
+    )
+    env: list[dict[str, Any]] = [
+        {"name": ENV_SERVER, "value": server},
+        field_env(ENV_NAMESPACE, "metadata.namespace"),
+        field_env(ENV_POD_NAME, "metadata.name"),
+        field_env(ENV_POD_UID, "metadata.uid"),
+        {"name": ENV_BUFFER, "value": str(buffer)},
+    ]
+    if defaults.service_url:
+        env.append({"name": ENV_SERVICE_URL, "value": defaults.service_url})
+    if defaults.token_secret is not None:
+        env.append(secret_env(ENV_SERVICE_TOKEN, defaults.token_secret))
+    return env
+
+
+def _number(raw: Any, default: float) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return default
+    return value if value > 0 else default
+
+
+def inject(pod: dict[str, Any], epoch: str, server: str, defaults: ReplicaDefaults) -> None:
+    """Put ``epoch`` into ``pod`` in place: the annotation and ``MCP_EPOCH`` in every container.
+
+    Init containers get it too: native sidecars are init containers, and a process that
+    serves MCP there needs its epoch as much as a main container. An ``MCP_EPOCH`` already in
+    a manifest (e.g. a copied pod) is replaced: each pod gets its own epoch, never a copy.
+    """
+    meta = pod.setdefault("metadata", {})
+    annotations = meta.get("annotations") or {}
+    annotations[EPOCH_ANNOTATION] = epoch
+    meta["annotations"] = annotations
+    extra = _env_defaults(pod, server, defaults)
+    spec = pod.setdefault("spec", {})
+    for kind in ("initContainers", "containers"):
+        for container in spec.get(kind) or []:
+            env = list(container.get("env") or [])
+            mine = {"name": ENV_EPOCH, "value": epoch}
+            slots = [i for i, e in enumerate(env) if e.get("name") == ENV_EPOCH]
+            if slots:  # replaced where it stands: a second invocation changes nothing
+                env[slots[0]] = mine
+                env = [e for i, e in enumerate(env) if i not in slots[1:]]
+            else:
+                env.append(mine)
+            present = {e.get("name") for e in env}
+            env.extend(e for e in extra if e["name"] not in present)
+            container["env"] = env
+
+
+def injected(
+    pod: dict[str, Any], epoch: str, server: str, defaults: ReplicaDefaults
+) -> dict[str, Any]:
+    """A changed copy of ``pod`` (for callers that must keep the original)."""
+    out = copy.deepcopy(pod)
+    inject(out, epoch, server, defaults)
+    return out
+
+
+def refusal_message(target: Target, service_url: str, reason: str) -> str:
+    """What ``kubectl`` shows when the epoch service cannot answer: what, why, what to do."""
+    return (
+        f"mcp-epoch: no epoch could be issued for this pod of MCP server "
+        f"{target.namespace}/{target.server}: the epoch service at {service_url} is not "
+        f"answering ({reason}). The pod is refused rather than started without an epoch; it "
+        "will be admitted once the epoch service is reachable again (check the epoch service "
+        "Deployment and the operator's --epoch-service-url)."
+    )
+
+
+def webhook_configuration(
+    name: str,
+    *,
+    url: str | None = None,
+    service: dict[str, Any] | None = None,
+    ca_bundle: bytes,
+    excluded_namespaces: list[str],
+    included_namespaces: list[str] | None = None,
+    timeout_seconds: int = 5,
+) -> dict[str, Any]:
+    """The MutatingWebhookConfiguration (locally registered by the operator; in a cluster the
+    chart renders the same shape).
+
+    - objectSelector on the server label: nothing else in the cluster ever calls the webhook;
+    - namespaceSelector excludes kube-system and the operator's own namespace, so the operator
+      can always start even though failurePolicy is Fail (and, for a namespace-scoped
+      operator, admits only the namespaces it watches);
+    - sideEffects NoneOnDryRun: a dry run is admitted without issuing an epoch;
+    - reinvocationPolicy IfNeeded: if a later webhook adds a container, it gets MCP_EPOCH too.
+    """
+    namespace_rules: list[dict[str, Any]] = [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": sorted(set(excluded_namespaces)),
+        }
+    ]
+    if included_namespaces:
+        namespace_rules.append(
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "In",
+                "values": sorted(set(included_namespaces)),
+            }
+        )
+    client: dict[str, Any] = {"caBundle": base64.b64encode(ca_bundle).decode("ascii")}
+    if url is not None:
+        client["url"] = url.rstrip("/") + WEBHOOK_PATH
+    elif service is not None:
+        client["service"] = {**service, "path": WEBHOOK_PATH}
+    else:
+        raise ValueError("a webhook configuration needs a url or a service")
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "mcp-epoch"}},
+        "webhooks": [
+            {
+                "name": WEBHOOK_NAME,
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": client,
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "objectSelector": {
+                    "matchExpressions": [{"key": SERVER_LABEL, "operator": "Exists"}]
+                },
+                "namespaceSelector": {"matchExpressions": namespace_rules},
+                "failurePolicy": "Fail",
+                "sideEffects": "NoneOnDryRun",
+                "timeoutSeconds": timeout_seconds,
+                "matchPolicy": "Equivalent",
+                "reinvocationPolicy": "IfNeeded",
+            }
+        ],
+    }

@@ -1,0 +1,241 @@
+"""The operator as a real process, and small helpers shared by the operator's cluster tests."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.harness import Cluster
+from tests.support.epochsvc_proc import EpochServiceProcess
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "mcpservers.mcp.epochs.dev.yaml"
+SERVER_LABEL = "mcp.epochs.dev/server"
+EPOCH_ANNOTATION = "mcp.epochs.dev/epoch"
+OPERATOR_NAMESPACE = "mcp-epoch-system"
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
+    """Poll until ``check`` returns something truthy; return it. Exceptions mean "not yet"."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = check()
+            if last:
+                return last
+        except Exception as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}"
+            )
+        time.sleep(interval)
+
+
+class OperatorProcess:
+    """``mcp-epoch operator`` in its own process group, stopped and restarted for real.
+
+    The webhook port is chosen once, so the registered configuration stays valid across
+    restarts (as the chart's Service would).
+    """
+
+    def __init__(
+        self, cluster: Cluster, service: EpochServiceProcess, port: int, log_path: Path
+    ) -> None:
+        self.cluster = cluster
+        self.service = service
+        self.port = port
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "epochsvc.cli",
+            "operator",
+            "--all-namespaces",
+            "--operator-namespace",
+            OPERATOR_NAMESPACE,
+            "--epoch-service-url",
+            self.service.url,
+            "--webhook-host",
+            "127.0.0.1",
+            "--webhook-port",
+            str(self.port),
+            "--webhook-cert",
+            str(self.cluster.webhook_cert),
+            "--webhook-key",
+            str(self.cluster.webhook_key),
+            "--webhook-ca",
+            str(self.cluster.ca_cert),
+            "--register-webhook",
+            "--replica-token-secret",
+            "replica-token",
+            "--resync-interval",
+            "2",
+        ]
+
+    def start(self) -> OperatorProcess:
+        assert self.proc is None, "already running"
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.cluster.kubeconfig),
+            "MCP_EPOCH_OPERATOR_TOKEN": self.service.operator_token,
+        }
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for(self._serving, 60, "the operator's webhook to answer")
+        return self
+
+    def _serving(self) -> bool:
+        """A server-side dry run of a labelled pod passes through the webhook only when this
+        process serves it (and issues nothing: sideEffects NoneOnDryRun)."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise AssertionError(f"the operator exited; log:\n{self.tail()}")
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "probe", "labels": {SERVER_LABEL: "probe"}},
+            "spec": {"containers": [{"name": "c", "image": "registry.invalid/probe:1"}]},
+        }
+        proc = self.cluster.kubectl(
+            "create",
+            "-n",
+            "default",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-f",
+            "-",
+            stdin=json.dumps(pod),
+            check=False,
+        )
+        return proc.returncode == 0 and "dry run" in proc.stderr
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: nothing runs on the way out, as in a crash or an eviction."""
+        self.stop(signal.SIGKILL)
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+# ----------------------------------------------------------------------------- kubectl helpers
+
+
+def apply(cluster: Cluster, *objects: dict[str, Any]) -> None:
+    body = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(body))
+
+
+def make_namespace(cluster: Cluster, name: str) -> str:
+    apply(cluster, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    return name
+
+
+def mcpserver(name: str, ns: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "mcp.epochs.dev/v1alpha1",
+        "kind": "McpServer",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"image": "registry.invalid/mcp-echo:1", "terminationGracePeriodSeconds": 1} | spec,
+    }
+
+
+def pods(cluster: Cluster, ns: str, server: str) -> list[dict[str, Any]]:
+    items = cluster.kubectl_json("get", "pods", "-n", ns, "-l", f"{SERVER_LABEL}={server}")
+    return list(items["items"])
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])
+    )
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
+
+
+def ledger(service: EpochServiceProcess, ns: str, server: str) -> list[dict[str, Any]]:
+    with service.client() as client:
+        response = client.get(f"/v1/servers/{ns}/{server}/epochs")
+    response.raise_for_status()
+    return list(response.json()["epochs"])
+
+
+def ledger_states(service: EpochServiceProcess, ns: str, server: str) -> dict[str, str]:
+    return {e["epoch"]: e["state"] for e in ledger(service, ns, server)}
+
+
+def get_mcps(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    return dict(cluster.kubectl_json("get", "mcpservers", "-n", ns, name))
+
+
+def condition(mcps: dict[str, Any], type_: str) -> dict[str, Any]:
+    for c in (mcps.get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return dict(c)
+    return {}
+
+
+def settled(
+    cluster: Cluster, service: EpochServiceProcess, ns: str, name: str, replicas: int
+) -> dict[str, Any] | None:
+    """The agreed end state, or None: ``replicas`` ready pods, each carrying a distinct epoch
+    that the ledger has live and bound to that pod; no other epoch of the server is live,
+    pending or draining; and the McpServer status lists exactly those epochs as live."""
+    current = [p for p in pods(cluster, ns, name) if not p["metadata"].get("deletionTimestamp")]
+    if len(current) != replicas or not all(ready(p) for p in current):
+        return None
+    by_pod = {p["metadata"]["annotations"][EPOCH_ANNOTATION]: p for p in current}
+    if len(by_pod) != replicas:
+        return None
+    entries = ledger(service, ns, name)
+    active = {e["epoch"]: e for e in entries if e["state"] in ("pending", "live", "draining")}
+    if set(active) != set(by_pod):
+        return None
+    for epoch, entry in active.items():
+        if entry["state"] != "live" or entry["pod_uid"] != by_pod[epoch]["metadata"]["uid"]:
+            return None
+    mcps = get_mcps(cluster, ns, name)
+    status = mcps.get("status") or {}
+    listed = {e["epoch"]: e["state"] for e in status.get("epochs") or []}
+    if listed != dict.fromkeys(by_pod, "live") or status.get("readyReplicas") != replicas:
+        return None
+    if condition(mcps, "Ready").get("status") != "True":
+        return None
+    return {"pods": by_pod, "ledger": entries, "mcps": mcps}
