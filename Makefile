@@ -1,16 +1,20 @@
-# The two set-up commands of the README: `make serve` (the main job) and `make test`.
+# The two set-up commands of the README: `make demo` (the main job) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: serve test lint bench system-deps cluster-build cluster-up cluster-down
+.PHONY: demo serve test lint bench system-deps cluster-build cluster-up cluster-down
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[all]' --group dev
 	touch $@
+
+## The rolling-deploy proof on local processes (epoch service on SQLite), ~1 minute.
+demo: $(STAMP)
+	$(BIN)/mcp-epoch demo
 
 ## Run the epoch service on the embedded SQLite default (./data/ledger.db) on 127.0.0.1:8080.
 serve: $(STAMP)
