@@ -33,7 +33,6 @@ class EpochServiceProcess:
         self.port = 0
         self.url = ""
         self.proc: subprocess.Popen[str] | None = None
-        self._log = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -68,13 +67,14 @@ class EpochServiceProcess:
         assert self.proc.stdout is not None
         stdout = self.proc.stdout
 
-        def read() -> None:
-            for line in stdout:
-                log.write(line)
-                log.flush()
-                m = _LISTEN_RE.search(line)
-                if m and not found:
-                    found.append(m.group(1))
+        def read() -> None:  # owns the log file: closes it when the process's stdout ends
+            with log:
+                for line in stdout:
+                    log.write(line)
+                    log.flush()
+                    m = _LISTEN_RE.search(line)
+                    if m and not found:
+                        found.append(m.group(1))
 
         threading.Thread(target=read, daemon=True).start()
         deadline = time.monotonic() + timeout
