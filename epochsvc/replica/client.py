@@ -219,11 +219,32 @@ class EpochClient:
                 except Exception as exc:
                     if att.rejected is not None:
                         raise _copy(att.rejected) from exc
+                    if (
+                        isinstance(exc, MCPError)
+                        and exc.code == CONNECTION_CLOSED
+                        and not await self._alive(att)
+                    ):
+                        # The SDK session's own connection is gone (every later request on
+                        # it would fail at once): end it, so the next call opens a new one.
+                        log.info("session %d lost its connection; a new one comes next", att.number)
+                        att.stop.set()
                     raise
         finally:
             att.pending.discard(scope)
         # Only a rejection cancels the scope.
         raise _copy(att.rejected) if att.rejected else RuntimeError("call cancelled")
+
+    @staticmethod
+    async def _alive(att: _Attempt) -> bool:
+        """Whether the session still answers: a lost stream is not a lost session."""
+        if att.client is None or att.stop.is_set():
+            return False
+        try:
+            with anyio.fail_after(5):
+                await att.client.send_ping()
+        except Exception:
+            return False
+        return True
 
     async def call_tool(
         self,

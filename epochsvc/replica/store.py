@@ -52,15 +52,31 @@ class EpochEventStore(EventStore):
 
     @classmethod
     def from_env(
-        cls, env: Mapping[str, str] | None = None, *, follow: bool = True
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        follow: bool = True,
+        first_sync_timeout: float = 3.0,
     ) -> EpochEventStore:
         """Everything from the operator-injected environment: register the process epoch,
-        size the buffer, and (if ``follow``) start the live-epoch view in the background."""
+        size the buffer, and (if ``follow``) start the live-epoch view in the background.
+
+        Waits up to ``first_sync_timeout`` for the view's first copy of the ledger: a process
+        serving before it knows any epoch would reject every foreign cursor as ``unknown``
+        (still safe, but the wrong reason). If the service does not answer in time, it serves
+        anyway and the view catches up in the background.
+        """
         config = ReplicaConfig.from_env(env)
         start = start_process_epoch(config)
         view = LiveEpochView.from_config(config)
         if view is not None and follow:
             view.start()
+            if not view.wait_for(lambda snap: snap.ledger_id is not None, first_sync_timeout):
+                log.warning(
+                    "no copy of the ledger after %.1fs; serving, foreign cursors read as "
+                    "'unknown' until the epoch service answers",
+                    first_sync_timeout,
+                )
         store = cls(start.epoch, capacity=config.buffer_events, view=view)
         store.start = start
         return store

@@ -10,14 +10,11 @@ import pytest
 
 from tests.cluster.harness import Cluster
 from tests.operator.support import (
-    CRD_FILE,
-    OPERATOR_NAMESPACE,
     OperatorProcess,
-    make_namespace,
-    wait_for,
+    install_crd,
+    operator_running,
 )
 from tests.support.epochsvc_proc import EpochServiceProcess
-from tests.support.ports import free_port
 
 
 # Package scope: the operator and its webhook registration end with tests/operator, so other
@@ -26,28 +23,13 @@ from tests.support.ports import free_port
 def op_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EpochServiceProcess]:
     """The epoch service the operator talks to (SQLite; its port survives restarts)."""
     work = tmp_path_factory.mktemp("operator-epochsvc")
-    service = EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log")
-    service.start()
-    try:
+    with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as service:
         yield service
-    finally:
-        service.stop()
 
 
 @pytest.fixture(scope="session")
 def crd(k8s_cluster: Cluster) -> Path:
-    """The McpServer CRD, applied from crds/ exactly as the chart ships it."""
-    k8s_cluster.kubectl("apply", "-f", str(CRD_FILE))
-    k8s_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/mcpservers.mcp.epochs.dev", "--timeout=60s"
-    )
-    wait_for(
-        lambda: k8s_cluster.kubectl("get", "mcps", "-A", check=False).returncode == 0,
-        30,
-        "mcpservers to be served",
-    )
-    make_namespace(k8s_cluster, OPERATOR_NAMESPACE)
-    return CRD_FILE
+    return install_crd(k8s_cluster)
 
 
 @pytest.fixture(scope="package")
@@ -57,17 +39,9 @@ def operator(
     op_service: EpochServiceProcess,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
-    """``mcp-epoch operator`` as a real process, serving and registering its webhook."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc = OperatorProcess(k8s_cluster, op_service, free_port(), log)
-    proc.start()
-    try:
+    with operator_running(k8s_cluster, op_service, log) as proc:
         yield proc
-    finally:
-        proc.stop()
-        k8s_cluster.kubectl(
-            "delete", "mutatingwebhookconfiguration", "mcp-epoch-operator", "--ignore-not-found"
-        )
 
 
 @pytest.fixture

@@ -9,18 +9,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from tests.cluster.harness import Cluster
 from tests.support.epochsvc_proc import EpochServiceProcess
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "mcpservers.mcp.epochs.dev.yaml"
 SERVER_LABEL = "mcp.epochs.dev/server"
 EPOCH_ANNOTATION = "mcp.epochs.dev/epoch"
 OPERATOR_NAMESPACE = "mcp-epoch-system"
+WEBHOOK_CONFIG = "mcp-epoch-operator"  # the operator's default --webhook-config-name
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
@@ -153,6 +156,39 @@ class OperatorProcess:
 
 
 # ----------------------------------------------------------------------------- kubectl helpers
+
+
+def install_crd(cluster: Cluster) -> Path:
+    """The McpServer CRD as the chart ships it, served, plus the operator's namespace
+    (idempotent: several test packages install it)."""
+    cluster.kubectl("apply", "-f", str(CRD_FILE))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/mcpservers.mcp.epochs.dev", "--timeout=60s"
+    )
+    wait_for(
+        lambda: cluster.kubectl("get", "mcps", "-A", check=False).returncode == 0,
+        30,
+        "mcpservers to be served",
+    )
+    make_namespace(cluster, OPERATOR_NAMESPACE)
+    return CRD_FILE
+
+
+@contextmanager
+def operator_running(
+    cluster: Cluster, service: EpochServiceProcess, log: Path
+) -> Iterator[OperatorProcess]:
+    """``mcp-epoch operator`` as a real process that serves and registers its webhook; the
+    registration goes with it, so other test packages never meet a leftover webhook."""
+    proc = OperatorProcess(cluster, service, free_port(), log)
+    try:
+        proc.start()
+        yield proc
+    finally:
+        proc.stop()
+        cluster.kubectl(
+            "delete", "mutatingwebhookconfiguration", WEBHOOK_CONFIG, "--ignore-not-found"
+        )
 
 
 def apply(cluster: Cluster, *objects: dict[str, Any]) -> None:

@@ -89,6 +89,12 @@ class EpochServiceProcess:
         self.port = int(self.url.rsplit(":", 1)[1])
         return self
 
+    def __enter__(self) -> EpochServiceProcess:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
     def tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text().splitlines()[-lines:])

@@ -1,0 +1,519 @@
+"""A pod runner: the part of a kubelet that a kwok control plane leaves out.
+
+kwok makes pods ``Running``/``Ready`` without running anything, so on a kwok cluster nothing
+would serve the MCP traffic of an ``McpServer``'s pods. :class:`PodRunner` closes that gap for
+the demo: it watches the pods of one server through the API server and, for each pod reported
+``Running``, starts the pod's container command as a local process with the environment the
+kubelet would give it (literal values with ``$(VAR)`` expansion, ``secretKeyRef`` and
+``configMapKeyRef`` read from the API, Downward API ``fieldRef``), so the process sees the
+``MCP_EPOCH`` the operator's webhook injected, the token from the Secret, its pod name and UID.
+When the pod gets a deletion timestamp (or disappears), the runner takes it out of the
+balancer first (as endpoints are removed on deletion) and then stops the process: SIGTERM,
+the pod's grace period, SIGKILL.
+
+What it deliberately does not emulate: images (the command runs with this machine's Python),
+container ports (the process binds a free loopback port and announces it, see below), probes,
+restarts, volumes. The demo's replica (:mod:`epochsvc.demo.replica`) prints one JSON line
+``{"port": ..., "epoch": ...}`` on start; the runner reads it to learn where the process serves.
+
+Only loopback addresses carry traffic; the API server is reached with the credentials given in
+:class:`KubeAccess` (the admin identity of the local control plane in the tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import ssl
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from epochsvc.demo.fleet import ReplicaSetListener, _wait_serving
+from epochsvc.demo.proxy import Backend
+
+Log = Callable[[str], None]
+Pod = dict[str, Any]
+#: Reads a Secret's or ConfigMap's data by name (decoded strings), ``None`` when it is absent.
+Lookup = Callable[[str], Awaitable[dict[str, str] | None]]
+
+#: The pod annotation that records the epoch the webhook injected (see DESIGN.md).
+EPOCH_ANNOTATION = "mcp.epochs.dev/epoch"
+#: Environment the runner never passes down from its own process: a pod gets these only from
+#: its spec, so a value left in the runner's shell can never stand in for an injected one.
+_NOT_INHERITED = ("MCP_", "EPOCHSVC_", "KUBECONFIG")
+
+
+class PodEnvError(RuntimeError):
+    """The pod's environment cannot be built (a kubelet would report CreateContainerConfigError)."""
+
+
+@dataclass(frozen=True)
+class KubeAccess:
+    """How to reach one API server: its URL, CA and a client certificate; plus the kubectl
+    binary and kubeconfig for the operations a human would type (apply, rollout restart)."""
+
+    server: str
+    ca_cert: Path
+    client_cert: Path
+    client_key: Path
+    kubeconfig: Path
+    kubectl: Path
+
+    def client(self) -> httpx.AsyncClient:
+        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+        ctx.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return httpx.AsyncClient(base_url=self.server, verify=ctx, timeout=15.0)
+
+    async def run_kubectl(self, *args: str, stdin: str | None = None) -> str:
+        """``kubectl --kubeconfig=... args``; a non-zero exit raises with kubectl's stderr."""
+        proc = await asyncio.create_subprocess_exec(
+            str(self.kubectl),
+            f"--kubeconfig={self.kubeconfig}",
+            *args,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"kubectl {' '.join(args)} exited {proc.returncode}: {err.decode().strip()}"
+            )
+        return out.decode()
+
+
+# ------------------------------------------------------------------------ environment (pure)
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion: a defined ``$(VAR)`` is replaced, an undefined one is
+    left as written, ``$$`` is one literal ``$`` (so ``$$(VAR)`` stays ``$(VAR)``)."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch != "$" or i + 1 >= n:
+            out.append(ch)
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt == "$":
+            out.append("$")
+            i += 2
+        elif nxt == "(":
+            end = text.find(")", i + 2)
+            if end < 0:
+                out.append(text[i:])
+                break
+            name = text[i + 2 : end]
+            out.append(env[name] if name in env else text[i : end + 1])
+            i = end + 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def field_value(pod: Pod, path: str) -> str:
+    """A Downward API ``fieldRef`` of the fields a container can ask for."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    simple = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"),
+        "spec.nodeName": spec.get("nodeName"),
+        "spec.serviceAccountName": spec.get("serviceAccountName"),
+        "status.podIP": status.get("podIP"),
+        "status.hostIP": status.get("hostIP"),
+    }
+    if path in simple:
+        return str(simple[path] or "")
+    for prefix, source in (("metadata.labels", "labels"), ("metadata.annotations", "annotations")):
+        if path.startswith(prefix + "['") and path.endswith("']"):
+            key = path[len(prefix) + 2 : -2]
+            return str((meta.get(source) or {}).get(key, ""))
+    raise PodEnvError(f"unsupported fieldRef {path!r}")
+
+
+async def container_env(
+    pod: Pod,
+    container: Mapping[str, Any],
+    secret: Lookup,
+    config_map: Lookup,
+) -> dict[str, str]:
+    """The environment a kubelet builds for ``container`` of ``pod``, in its order: ``envFrom``
+    first, then ``env`` entries, each literal value expanded against the ones before it.
+
+    """
+    env: dict[str, str] = {}
+    for source in container.get("envFrom") or []:
+        prefix = str(source.get("prefix") or "")
+        for kind, fetch in (("secretRef", secret), ("configMapRef", config_map)):
+            ref = source.get(kind)
+            if ref is None:
+                continue
+            data = await fetch(str(ref["name"]))
+            if data is None:
+                if ref.get("optional"):
+                    continue
+                raise PodEnvError(f"envFrom {kind} {ref['name']!r} not found")
+            env.update({prefix + k: v for k, v in data.items()})
+    for entry in container.get("env") or []:
+        name = str(entry["name"])
+        if "valueFrom" not in entry:
+            env[name] = expand(str(entry.get("value") or ""), env)
+            continue
+        value_from = entry["valueFrom"] or {}
+        if "fieldRef" in value_from:
+            env[name] = field_value(pod, str(value_from["fieldRef"]["fieldPath"]))
+            continue
+        for kind, fetch in (("secretKeyRef", secret), ("configMapKeyRef", config_map)):
+            ref = value_from.get(kind)
+            if ref is None:
+                continue
+            data = await fetch(str(ref["name"]))
+            key = str(ref["key"])
+            if data is not None and key in data:
+                env[name] = data[key]
+            elif not ref.get("optional"):
+                raise PodEnvError(f"{name}: {kind} {ref['name']}/{key} not found")
+            break
+        else:
+            raise PodEnvError(f"{name}: unsupported valueFrom {sorted(value_from)}")
+    return env
+
+
+def container_argv(
+    container: Mapping[str, Any], env: Mapping[str, str], executables: Mapping[str, str]
+) -> list[str]:
+    """``command`` + ``args`` with ``$(VAR)`` expanded; the first word is mapped through
+    ``executables`` (the image's ``python`` is this machine's interpreter)."""
+    command = [str(c) for c in container.get("command") or []]
+    args = [str(a) for a in container.get("args") or []]
+    argv = [expand(word, env) for word in command + args]
+    if not command:
+        raise PodEnvError("the container has no command (the runner has no image entrypoints)")
+    argv[0] = executables.get(argv[0], argv[0])
+    return argv
+
+
+# ------------------------------------------------------------------------------ the runner
+
+
+@dataclass
+class PodProcess:
+    """One pod and the local process that stands for its container."""
+
+    pod: str
+    uid: str
+    annotated_epoch: str  # what the webhook recorded on the pod
+    grace: float  # seconds between SIGTERM and SIGKILL
+    env_epoch: str = ""  # MCP_EPOCH the process was given
+    process_epoch: str = ""  # what the process announced
+    backend: Backend | None = None
+    started_at: float | None = None  # monotonic: serving
+    stopped_at: float | None = None  # monotonic: out of the balancer, process stopping
+    error: str | None = None
+    deleted: bool = False  # the pod is being deleted or is gone
+    exited: bool = False  # the process ended on its own while its pod was Running
+    proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def serving(self) -> bool:
+        return (
+            self.backend is not None
+            and self.started_at is not None
+            and not self.deleted
+            and not self.exited
+        )
+
+
+class PodRunner:
+    """Runs a local process for every ``Running`` pod matching ``selector`` in ``namespace``
+    and announces it to ``listener`` once it serves; stops it when the pod is deleted.
+
+    Pods are followed with list + watch (re-listed after every watch ends or expires), so a
+    missed event only delays the runner; it never leaves a process without its pod.
+    """
+
+    def __init__(
+        self,
+        access: KubeAccess,
+        namespace: str,
+        selector: str,
+        listener: ReplicaSetListener,
+        workdir: Path,
+        *,
+        executables: Mapping[str, str] | None = None,
+        start_timeout: float = 30.0,
+        log: Log = lambda _line: None,
+    ) -> None:
+        self.access = access
+        self.namespace = namespace
+        self.selector = selector
+        self.listener = listener
+        self.workdir = workdir
+        self.executables = dict(
+            executables or {"python": sys.executable, "python3": sys.executable}
+        )
+        self.start_timeout = start_timeout
+        self.log = log
+        self.errors: list[str] = []
+        self._pods: dict[str, PodProcess] = {}  # by pod UID, in the order pods were seen
+        self._stops: list[asyncio.Task[None]] = []
+        self._api: httpx.AsyncClient | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        #: (monotonic time, replicas serving) after every change of the balancer's set.
+        self.timeline: list[tuple[float, int]] = []
+
+    # --- what the fleet asks ----------------------------------------------------------------
+
+    def processes(self) -> list[PodProcess]:
+        """Every pod the runner started a process for, in start order."""
+        started = [p for p in self._pods.values() if p.started_at is not None]
+        return sorted(started, key=lambda p: p.started_at or 0.0)
+
+    def serving(self) -> list[PodProcess]:
+        return [p for p in self._pods.values() if p.serving]
+
+    async def wait_until(self, check: Callable[[], bool], within: float, what: str) -> None:
+        """Wait for the runner's state to satisfy ``check`` (re-checked on every change)."""
+        deadline = time.monotonic() + within
+        while True:
+            self._changed.clear()  # before checking, so no change between the two is missed
+            if check():
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                problems = "; ".join(self.errors[-3:]) or "no process errors"
+                raise TimeoutError(f"timed out after {within:.0f}s waiting for {what} ({problems})")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+
+    async def start(self) -> None:
+        self._api = self.access.client()
+        self._watch = asyncio.create_task(self._follow(), name=f"podrunner-{self.selector}")
+
+    async def close(self) -> None:
+        """Stop following pods and stop every process (as if every pod were deleted)."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch
+        for pp in list(self._pods.values()):
+            self._gone(pp)
+        tasks = [t for pp in self._pods.values() for t in (pp.task, pp.watcher) if t is not None]
+        await asyncio.gather(*tasks, *self._stops, return_exceptions=True)
+        if self._api is not None:
+            await self._api.aclose()
+
+    # --- following the API server -----------------------------------------------------------
+
+    @property
+    def _path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods"
+
+    async def _follow(self) -> None:
+        assert self._api is not None
+        while True:
+            try:
+                version = await self._relist(self._api)
+                await self._watch_from(self._api, version)
+            except asyncio.CancelledError:
+                raise
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                self.log(f"  pod runner: watch interrupted ({exc!r}); listing again")
+                await asyncio.sleep(0.5)
+
+    async def _relist(self, api: httpx.AsyncClient) -> str:
+        resp = await api.get(self._path, params={"labelSelector": self.selector})
+        resp.raise_for_status()
+        body = resp.json()
+        present = set()
+        for pod in body.get("items") or []:
+            present.add(pod["metadata"]["uid"])
+            self._observe(pod)
+        for uid, pp in list(self._pods.items()):
+            if uid not in present:
+                self._gone(pp)
+        return str(body["metadata"]["resourceVersion"])
+
+    async def _watch_from(self, api: httpx.AsyncClient, version: str) -> None:
+        params = {
+            "labelSelector": self.selector,
+            "watch": "true",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": "60",
+        }
+        timeout = httpx.Timeout(10.0, read=90.0)
+        async with api.stream("GET", self._path, params=params, timeout=timeout) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    return  # typically 410 Gone: the version expired, list again
+                if kind in ("ADDED", "MODIFIED"):
+                    self._observe(obj)
+                elif kind == "DELETED":
+                    pp = self._pods.get(obj["metadata"]["uid"])
+                    if pp is not None:
+                        self._gone(pp)
+
+    def _observe(self, pod: Pod) -> None:
+        meta = pod["metadata"]
+        uid = str(meta["uid"])
+        phase = (pod.get("status") or {}).get("phase")
+        known = self._pods.get(uid)
+        if meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+            if known is not None:
+                self._gone(known)
+            return
+        if known is not None or phase != "Running":
+            return
+        spec = pod.get("spec") or {}
+        grace = meta.get("deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds"))
+        pp = PodProcess(
+            pod=str(meta["name"]),
+            uid=uid,
+            annotated_epoch=str((meta.get("annotations") or {}).get(EPOCH_ANNOTATION, "")),
+            grace=float(30 if grace is None else grace),
+        )
+        self._pods[uid] = pp
+        pp.task = asyncio.create_task(self._run(pp, pod), name=f"pod-{pp.pod}")
+
+    # --- one pod's process ------------------------------------------------------------------
+
+    async def _secret(self, name: str) -> dict[str, str] | None:
+        data = await self._object("secrets", name)
+        if data is None:
+            return None
+        return {k: base64.b64decode(v).decode() for k, v in (data.get("data") or {}).items()}
+
+    async def _config_map(self, name: str) -> dict[str, str] | None:
+        data = await self._object("configmaps", name)
+        return None if data is None else {k: str(v) for k, v in (data.get("data") or {}).items()}
+
+    async def _object(self, plural: str, name: str) -> dict[str, Any] | None:
+        assert self._api is not None
+        resp = await self._api.get(f"/api/v1/namespaces/{self.namespace}/{plural}/{name}")
+        if resp.status_code == 404:
+            return None
+        resp.raise_for_status()
+        body: dict[str, Any] = resp.json()
+        return body
+
+    async def _run(self, pp: PodProcess, pod: Pod) -> None:
+        t0 = time.monotonic()
+        try:
+            await self._launch(pp, pod)
+        except Exception as exc:
+            pp.error = f"pod {pp.pod}: {exc}"
+            self.errors.append(pp.error)
+            self.log(f"  pod runner: {pp.error}")
+            await self._terminate(pp)
+            return
+        finally:
+            self._changed.set()
+        if pp.deleted:  # deleted while starting: never announce it
+            await self._terminate(pp)
+            return
+        assert pp.backend is not None
+        self.listener.add(pp.backend)
+        pp.started_at = time.monotonic()
+        self.timeline.append((pp.started_at, len(self.serving())))
+        self._changed.set()
+        shown = pp.process_epoch or "counter ids"
+        self.log(f"  pod {pp.pod} Running -> serving ({shown}) after {pp.started_at - t0:.1f}s")
+        if pp.proc is not None:
+            pp.watcher = asyncio.create_task(self._watch_exit(pp, pp.proc))
+
+    async def _watch_exit(self, pp: PodProcess, proc: asyncio.subprocess.Process) -> None:
+        """A process that ends while its pod runs is an error the run must show (a kubelet
+        would restart the container; the runner does not, it reports and takes it out)."""
+        code = await proc.wait()
+        if pp.deleted:
+            return
+        pp.exited = True
+        pp.error = f"pod {pp.pod}: the process exited with {code} while the pod was Running"
+        self.errors.append(pp.error)
+        self.log(f"  pod runner: {pp.error}")
+        if pp.backend is not None:
+            self.listener.remove(pp.backend.name)
+        self.timeline.append((time.monotonic(), len(self.serving())))
+        self._changed.set()
+
+    async def _launch(self, pp: PodProcess, pod: Pod) -> None:
+        container = (pod.get("spec") or {}).get("containers", [{}])[0]
+        pod_env = await container_env(pod, container, self._secret, self._config_map)
+        argv = container_argv(container, pod_env, self.executables)
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
+        pp.env_epoch = pod_env.get("MCP_EPOCH", "")
+        log = (self.workdir / f"{pp.pod}.log").open("ab")
+        try:
+            pp.proc = await asyncio.create_subprocess_exec(
+                *argv,
+                env={**inherited, **pod_env},
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        assert pp.proc.stdout is not None
+        line = await asyncio.wait_for(pp.proc.stdout.readline(), self.start_timeout)
+        if not line:
+            raise RuntimeError(f"the process exited at start; see {self.workdir / pp.pod}.log")
+        info = json.loads(line)
+        pp.process_epoch = str(info.get("epoch") or "")
+        pp.backend = Backend(pp.pod, "127.0.0.1", int(info["port"]))
+        await _wait_serving(pp.backend, self.start_timeout)
+
+    def _gone(self, pp: PodProcess) -> None:
+        """The pod is being deleted: out of the balancer now, then stop its process."""
+        if pp.deleted:
+            return
+        pp.deleted = True
+        self._changed.set()
+        if pp.started_at is not None and pp.backend is not None and not pp.exited:
+            self.listener.remove(pp.backend.name)
+            pp.stopped_at = time.monotonic()
+            self.timeline.append((pp.stopped_at, len(self.serving())))
+            self.log(f"  pod {pp.pod} deleted -> out of the balancer, stopping its process")
+        if pp.task is not None and not pp.task.done():
+            return  # _run sees ``deleted`` when the start finishes and stops the process
+        self._stops.append(asyncio.create_task(self._terminate(pp)))
+
+    async def _terminate(self, pp: PodProcess) -> None:
+        """SIGTERM, the pod's grace period, then SIGKILL; as a kubelet stops a container."""
+        proc, pp.proc = pp.proc, None
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), max(pp.grace, 0.1))
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        self._changed.set()

@@ -1,0 +1,177 @@
+"""The rolling-deploy proof end to end on the loopback control plane (issue 7, second half).
+
+Both fleets run the demo's scenario (clients, balancer, random drops, checker, verdict:
+:mod:`epochsvc.demo.scenario` and :mod:`epochsvc.demo.report`) with replicas that are pods of
+an ``McpServer``: the operator and its webhook give every pod an epoch from a real epoch
+service, the pod runner starts a local process per Running pod with that pod's environment,
+and the rolling deploy is ``kubectl rollout restart`` of the operator's Deployment.
+
+Both fleets go through Kubernetes, not just the mcp-epoch one: the naive fleet is the same
+``McpServer`` with ``--kind naive`` (its replicas ignore ``MCP_EPOCH``). So the rollout, the
+pod timing and the balancer are identical and the figures differ only by what mcp-epoch adds
+(the replica library and the client's rejection path); a naive fleet on local processes would
+compare two different deploy mechanisms.
+
+Where the figures are: the table is printed (``-rA``/``-s``, and in the report of a failure),
+written by tests/e2e/conftest.py in a terminal-summary section at the end of every run, kept
+as ``summary.json`` in the test's tmp dir and as the ``figures`` property (JUnit XML).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from epochsvc.demo import report
+from epochsvc.demo.kube_fleet import KubeFleets, KubernetesFleet
+from epochsvc.demo.podrunner import KubeAccess
+from epochsvc.demo.scenario import FleetResult, ScenarioConfig, run_fleet
+from tests.operator.support import OperatorProcess, ledger_states, wait_for
+from tests.support.epochsvc_proc import EpochServiceProcess
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.filterwarnings("ignore:.*removed as of 2026-07-28"),
+]
+
+#: Small enough for two cores in about a minute per fleet, sharp enough that the naive fleet
+#: fails every run: 16 clients, 3 replicas, a rollout paced at 2 s per pod mid-traffic.
+CONFIG = ScenarioConfig(
+    clients=16,
+    replicas=3,
+    duration=14.0,
+    seed=11,
+    drop_every=8.0,
+    warm=4.0,
+    cool=3.0,
+    deploy_pause=2.0,
+)
+
+
+def _generation(epoch: str) -> int:
+    return int(epoch.split(".", 1)[0].rsplit("-", 1)[1])
+
+
+def _deploy_lines(fleets: KubeFleets, results: list[FleetResult]) -> list[str]:
+    """How each rollout went, which pods ran with which epoch, why resumptions were refused."""
+    reasons = {r.kind: r.reasons for r in results}
+    lines = []
+    for kind, fleet in fleets.fleets.items():
+        lines.append(
+            f"{kind} fleet: McpServer {fleet.namespace}/{fleet.name}; kubectl rollout restart "
+            f"took {fleet.deploy_seconds or 0:.1f}s, fewest replicas serving during it: "
+            f"{fleet.min_serving_during_deploy}; rejection reasons: {reasons.get(kind) or '-'}"
+        )
+        for p in fleet.pods():
+            epoch = p.process_epoch or f"counter ids; pod epoch {p.env_epoch} ignored"
+            lines.append(f"  pod {p.pod}: {epoch}")
+    return lines
+
+
+def _check_kubernetes_path(
+    fleet: KubernetesFleet, service: EpochServiceProcess, replicas: int
+) -> None:
+    """The replicas really were the cluster's pods, with the epochs the cluster gave them."""
+    pods = fleet.pods()
+    # The first replicas, then one new pod per old one from the rollout; nothing failed to start.
+    assert len(pods) == 2 * replicas, [p.pod for p in pods]
+    assert not fleet.runner.errors, fleet.runner.errors
+    for p in pods:
+        assert p.annotated_epoch, f"{p.pod}: the webhook did not annotate it"
+        assert p.env_epoch == p.annotated_epoch, (p.pod, p.env_epoch, p.annotated_epoch)
+        assert p.stopped_at is not None, f"{p.pod}: never stopped"
+    first, second = pods[:replicas], pods[replicas:]
+    assert min(_generation(p.env_epoch) for p in second) > max(
+        _generation(p.env_epoch) for p in first
+    )
+    assert {p.uid for p in first}.isdisjoint(p.uid for p in second)
+    # Replaced one at a time with no capacity lost beyond one replica.
+    assert fleet.min_serving_during_deploy is not None
+    assert fleet.min_serving_during_deploy >= replicas - 1
+    if fleet.kind == "naive":
+        assert all(p.process_epoch == "" for p in pods)  # counter ids: MCP_EPOCH ignored
+        return
+    for p in pods:
+        # The process registered an incarnation of its pod's epoch (not a fallback epoch).
+        assert p.process_epoch.startswith(p.env_epoch + "."), (p.pod, p.process_epoch)
+        with service.client() as client:
+            got = client.get(f"/v1/epochs/{p.process_epoch}")
+        assert got.status_code == 200, (p.process_epoch, got.status_code, got.text)
+        assert got.json()["pod_uid"] == p.uid
+    # The operator retired the epochs of the pods the rollout replaced.
+    old = {p.env_epoch for p in first}
+    wait_for(
+        lambda: all(
+            ledger_states(service, fleet.namespace, fleet.name).get(e) == "retired" for e in old
+        ),
+        30,
+        "the replaced pods' epochs to be retired",
+    )
+
+
+def test_rolling_deploy_on_kubernetes_naive_fails_mcp_epoch_holds(
+    e2e_operator: OperatorProcess,
+    e2e_service: EpochServiceProcess,
+    kube_access: KubeAccess,
+    demo_namespace: str,
+    keep_figures: list[tuple[str, str]],
+    record_property: Callable[[str, object], None],
+    tmp_path: Path,
+) -> None:
+    for noisy in ("mcp", "epochsvc", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    fleets = KubeFleets(
+        kube_access,
+        demo_namespace,
+        tmp_path,
+        replica_token=e2e_service.replica_token,
+        buffer_events=CONFIG.buffer_events,
+        log=log,
+    )
+    results: list[FleetResult] = []
+    for kind in ("naive", "epoch"):
+        log(f"[{'naive fleet' if kind == 'naive' else 'mcp-epoch fleet'} on Kubernetes]")
+        dump = tmp_path / f"calls-{kind}.jsonl"
+        results.append(asyncio.run(run_fleet(kind, CONFIG, fleets, log, dump)))
+
+    failed = report.verdict(results)
+    figures = "\n".join(
+        [
+            report.table(results),
+            "",
+            *_deploy_lines(fleets, results),
+            "",
+            *(f"FAILED: {line}" for line in failed),
+            *(["OK: naive fleet failed as expected; mcp-epoch fleet held."] if not failed else []),
+            f"(calls and per-pod logs: {tmp_path})",
+        ]
+    )
+    print("\n" + figures)
+    keep_figures.append(("rolling deploy on Kubernetes: naive vs mcp-epoch fleet", figures))
+    summary = report.summary(results, {**asdict(CONFIG), "fleets": ["naive", "epoch"]}, failed)
+    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    record_property("figures", json.dumps(summary["fleets"]))
+
+    for fleet in fleets.fleets.values():
+        _check_kubernetes_path(fleet, e2e_service, CONFIG.replicas)
+
+    naive, epoch = (r.as_dict() for r in results)
+    # The naive fleet shows the failure, or the scenario proves nothing.
+    assert naive["corrupted_sessions"] > 0 and naive["hung"] > 0, figures
+    # The mcp-epoch fleet shows none of it.
+    assert epoch["corrupted_sessions"] == 0, figures
+    assert epoch["hung"] == 0, figures
+    assert epoch["rejections"] > 0 and epoch["reinits_ok"] == epoch["rejections"], figures
+    assert epoch["cross_process_resumed"] == 0, figures
+    assert epoch["same_process_lossless"] > 0 and epoch["same_process_lossy"] == 0, figures
+    assert not failed, figures
