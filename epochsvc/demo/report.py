@@ -101,6 +101,19 @@ def verdict(fleets: list[FleetResult]) -> list[str]:
     return failed
 
 
+def success_line(kinds: set[str]) -> str:
+    """What a clean verdict proved, for the fleets that actually ran."""
+    parts = []
+    if "naive" in kinds:
+        parts.append("the naive fleet corrupted sessions and hung requests")
+    if "epoch" in kinds:
+        parts.append(
+            "the mcp-epoch fleet had none, re-initialized after every rejection and resumed "
+            "same-epoch reconnects losslessly"
+        )
+    return "; ".join(parts) + "."
+
+
 def summary(fleets: list[FleetResult], config: dict[str, Any], failed: list[str]) -> dict[str, Any]:
     """The machine-readable form (``--json``)."""
     return {
