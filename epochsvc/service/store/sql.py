@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -306,29 +307,21 @@ class SqlEpochStore(EpochStore):
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
-        try:
-            with self._writer.begin() as conn:
-                yield conn
-        except Exception as exc:
-            raise _store_error(exc) from exc
+        with _database_errors(), self._writer.begin() as conn:
+            yield conn
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
-        try:
-            with self._reader.connect() as conn:
-                yield conn
-        except Exception as exc:
-            raise _store_error(exc) from exc
+        with _database_errors(), self._reader.connect() as conn:
+            yield conn
 
     async def _call(self, fn: Callable[[], T]) -> T:
         """Run blocking database work off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self._readers, fn)
 
     async def _write(self, op: Callable[[Connection], T]) -> T:
-        try:
+        with _database_errors():
             return await self._committer.submit(op)
-        except (OperationalError, OSError, DBAPIError) as exc:
-            raise _store_error(exc) from exc
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -379,34 +372,21 @@ class SqlEpochStore(EpochStore):
             if existing is not None:  # a retry of an admission request: same epoch
                 raise NoChange((self._record(existing), False))
             now = time.time()
-            record = EpochRecord(
-                ledger8=self.ledger8,
-                generation=generation,
-                namespace=namespace,
-                server=server,
-                request_uid=request_uid,
-                state=State.PENDING,
-                pod_name=None,
-                pod_uid=None,
-                incarnation=None,
-                revision=revision,
-                created_at=now,
-                updated_at=now,
-            )
-            conn.execute(
-                _INSERT,
-                {
-                    "generation": generation,
-                    "namespace": namespace,
-                    "server": server,
-                    "request_uid": request_uid,
-                    "state": State.PENDING.value,
-                    "revision": revision,
-                    "created_at": now,
-                    "updated_at": now,
-                },
-            )
-            return record, True
+            row = {
+                "generation": generation,
+                "namespace": namespace,
+                "server": server,
+                "request_uid": request_uid,
+                "state": State.PENDING.value,
+                "pod_name": None,
+                "pod_uid": None,
+                "incarnation": None,
+                "revision": revision,
+                "created_at": now,
+                "updated_at": now,
+            }
+            conn.execute(_INSERT, row)
+            return self._record(SimpleNamespace(**row)), True
 
         record, created = await self._write(op)
         if (record.namespace, record.server) != (namespace, server):
@@ -590,6 +570,18 @@ class SqlEpochStore(EpochStore):
 def _notify_followers(conn: Connection) -> None:
     """Delivered by PostgreSQL at commit, to every other service process's follower."""
     conn.execute(sa.select(sa.func.pg_notify(_CHANNEL, "change")))
+
+
+@contextmanager
+def _database_errors() -> Iterator[None]:
+    """Lost-database errors leave as StoreUnavailable; every other error passes unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        mapped = _store_error(exc)
+        if mapped is exc:
+            raise
+        raise mapped from exc
 
 
 def _store_error(exc: BaseException) -> BaseException:
