@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -59,7 +59,8 @@ class Epoch(BaseModel):
     updated_at: float
 
     @classmethod
-    def of(cls, r: EpochRecord) -> Epoch:
+    def of(cls, r: EpochRecord, **extra: Any) -> Self:
+        """The API shape of a ledger record (``extra``: a subclass's own fields)."""
         return cls(
             epoch=r.epoch,
             generation=r.generation,
@@ -73,6 +74,7 @@ class Epoch(BaseModel):
             revision=r.revision,
             created_at=r.created_at,
             updated_at=r.updated_at,
+            **extra,
         )
 
 

@@ -129,8 +129,6 @@ async def get_epoch(epoch: EpochPath, store: Store, _: AnyCaller) -> EpochLookup
         if newest is None or parsed.incarnation > newest:
             raise UnknownEpoch(epoch)
         process_state = record.state if parsed.incarnation == newest else State.RETIRED
-        return EpochLookup(
-            **Epoch.of(record).model_dump(), requested=epoch, process_state=process_state
-        )
+        return EpochLookup.of(record, requested=epoch, process_state=process_state)
     record = await store.get(parsed.generation)
-    return EpochLookup(**Epoch.of(record).model_dump(), requested=epoch)
+    return EpochLookup.of(record, requested=epoch)
