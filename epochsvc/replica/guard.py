@@ -20,6 +20,7 @@ from typing import Any, Final, Protocol
 from epochsvc.replica.decision import ReplayPlan
 from epochsvc.replica.errors import Reason, ResumptionRejected
 from epochsvc.replica.eventid import EventId
+from epochsvc.replica.resume import ResumeState, current_resume
 from epochsvc.replica.sessions import SessionRegistry, SessionTag, current_session
 
 log = logging.getLogger(__name__)
@@ -72,20 +73,6 @@ async def send_rejection(send: Send, reason: Reason, detail: str = "") -> None:
     await _respond(send, 404, body, [(REJECTED_HEADER.encode(), reason.encode())])
 
 
-def _without_protocol_header(scope: Scope) -> Scope:
-    """The scope of an admitted resumption, minus ``mcp-protocol-version``.
-
-    For 2025-11-25 the SDK (mcp 2.3) sends a priming event after replaying and only then
-    registers the stream for live delivery; sending it waits for the client, and an event the
-    tool emits meanwhile is stored but never sent live (a silent gap, or a result that never
-    arrives). Without the header the SDK takes its default revision, which has no priming
-    event, and registers the stream right after our replay returns. The client loses nothing:
-    the replayed events carry cursors, and with none replayed its cursor is still valid.
-    """
-    headers = [(k, v) for k, v in scope["headers"] if bytes(k).lower() != PROTOCOL_HEADER]
-    return {**scope, "headers": headers}
-
-
 class ResumptionGuard:
     """Wrap the SDK's Streamable HTTP ASGI app: ``ResumptionGuard(app, store)``."""
 
@@ -121,15 +108,16 @@ class ResumptionGuard:
             await send_rejection(send, "retired", "this process's epoch is retired")
             return
 
-        if resuming:
-            scope = _without_protocol_header(scope)
         fresh = tag is None and sid is None
         if fresh:
             tag = SessionTag()
+        resume = ResumeState() if resuming else None
         token = current_session.set(tag)
+        resume_token = current_resume.set(resume)
         try:
-            await self.app(scope, receive, self._wrap_send(send, tag if fresh else None, resuming))
+            await self.app(scope, receive, self._wrap_send(send, tag if fresh else None, resume))
         finally:
+            current_resume.reset(resume_token)
             current_session.reset(token)
 
     async def _admit_resumption(self, cursor: str, tag: SessionTag | None, send: Send) -> bool:
@@ -149,15 +137,15 @@ class ResumptionGuard:
             return False
         return True
 
-    def _wrap_send(self, send: Send, fresh: SessionTag | None, resuming: bool) -> Send:
-        if fresh is None and not resuming:
+    def _wrap_send(self, send: Send, fresh: SessionTag | None, resume: ResumeState | None) -> Send:
+        if fresh is None and resume is None:
             return send
         swallowing = False
 
         async def wrapped(message: Message) -> None:
             nonlocal swallowing
             if message["type"] == "http.response.start":
-                if resuming and message.get("status", 200) >= 500:
+                if resume is not None and message.get("status", 200) >= 500:
                     # The SDK failed after we accepted (e.g. the store raised): translate.
                     swallowing = True
                     await send_rejection(send, "unknown", "the server could not replay")
@@ -168,6 +156,12 @@ class ResumptionGuard:
                             self.sessions.bind(bytes(value).decode("latin-1"), fresh)
                             break
             elif swallowing:
+                return
+            elif resume is not None and resume.broken and not message.get("more_body", False):
+                # Never end a resumed stream that lost events as if it were complete: without
+                # its last chunk the server closes the connection, and the client reconnects
+                # from the cursor it really has (and is told ``gap``).
+                log.warning("resumed stream overtaken by eviction; aborting its connection")
                 return
             await send(message)
 

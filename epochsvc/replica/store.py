@@ -13,20 +13,26 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
-from mcp_types import JSONRPCMessage
+from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCResponse
 
-from epochsvc.replica.buffer import ReplayBuffer
+from epochsvc.replica.buffer import BufferedEvent, ReplayBuffer
 from epochsvc.replica.config import ReplicaConfig
 from epochsvc.replica.decision import ReplayPlan, decide, zombie
 from epochsvc.replica.errors import ResumptionGap
 from epochsvc.replica.eventid import EventId
 from epochsvc.replica.liveview import LiveEpochView
 from epochsvc.replica.process import ProcessStart, start_process_epoch
+from epochsvc.replica.resume import Followers, follow, mark_broken
 from epochsvc.replica.sessions import SessionTag, current_session
 from epochsvc.replica.snapshot import EpochSnapshot
 from epochsvc.tokens import ProcessEpoch
 
 log = logging.getLogger(__name__)
+
+
+def _is_final(ev: BufferedEvent) -> bool:
+    """A response or error ends its request's stream (the SDK's own writer stops there too)."""
+    return isinstance(ev.message, JSONRPCResponse | JSONRPCError)
 
 
 class SnapshotSource(Protocol):
@@ -48,6 +54,7 @@ class EpochEventStore(EventStore):
         self.buffer = ReplayBuffer(capacity)
         self.view = view
         self._prefix = f"{epoch}:"
+        self._followers = Followers()
         self.start: ProcessStart | None = None
 
     @classmethod
@@ -96,28 +103,34 @@ class EpochEventStore(EventStore):
 
     async def store_event(self, stream_id: str, message: JSONRPCMessage | None) -> str:
         buffer = self.buffer
+        owner = current_session.get()
         event_id = self._prefix + str(buffer.next_seq)
-        buffer.append(current_session.get(), stream_id, message, event_id)
+        buffer.append(owner, stream_id, message, event_id)
+        if self._followers:
+            self._followers.wake((owner, stream_id))
         return event_id
 
     async def replay_events_after(self, last_event_id: str, send_callback: EventCallback) -> str:
-        """Send exactly the missing suffix, then whatever was appended meanwhile, or raise.
+        """Serve a resumed stream from the buffer alone: the missing suffix, then every later
+        event of the same (session, stream) as it is stored, until the stream's final response.
 
-        Sending awaits the client, so events can arrive (or be evicted) during replay: keep
-        scanning until caught up and return without awaiting, so the SDK registers the live
-        stream before the next event can be stored; an eviction overtaking the replay raises
-        :class:`ResumptionGap` instead of skipping.
+        There is no hand-off to the SDK's live delivery: the SDK delivers a stream live only
+        through its own per-request queue, and a resumed stream that is registered there late,
+        or whose registration an older connection of the same stream removes, silently misses
+        events or never ends. Following the buffer cannot miss one: every event is stored here
+        before it is sent anywhere. An eviction that overtakes the follower aborts the
+        connection (see :mod:`epochsvc.replica.resume`), so the client reconnects from its
+        last cursor and hears ``gap``; nothing is skipped.
         """
         owner = current_session.get()
         plan = decide(last_event_id, self.epoch, self.buffer, self.snapshot(), owner)
-        pending = plan.events
-        upto = plan.upto
-        while True:
-            for ev in pending:
+        try:
+
+            async def send(ev: BufferedEvent) -> None:
                 await send_callback(EventMessage(ev.message, ev.event_id))
-            if self.buffer.next_seq == upto:
-                return plan.stream_id
-            if self.buffer.is_evicted(upto):
-                raise ResumptionGap(f"event {upto} was evicted during replay")
-            pending = tuple(self.buffer.matching(upto - 1, owner, plan.stream_id))
-            upto = self.buffer.next_seq
+
+            await follow(self.buffer, self._followers, plan, owner, send, _is_final)
+        except ResumptionGap:
+            mark_broken()
+            raise
+        return plan.stream_id
