@@ -11,6 +11,7 @@ different: the server may be fine, so the call is retried with backoff from the 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,17 +23,28 @@ import httpx2
 from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ClientMessageMetadata
-from mcp_types import CONNECTION_CLOSED, CallToolRequest, CallToolRequestParams, CallToolResult
+from mcp_types import (
+    CONNECTION_CLOSED,
+    CallToolRequest,
+    CallToolRequestParams,
+    CallToolResult,
+    ProgressNotification,
+)
 
 from epochsvc.replica.errors import REASONS, Reason, ResumptionRejected
 from epochsvc.replica.guard import REJECTED_HEADER
+from epochsvc.replica.resume_transport import ResumeTransport, explicit_resume
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# The SDK's own defaults for Streamable HTTP: streams may stay quiet for minutes.
+HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+
+
+_TOKENS = itertools.count(1)
 
 
 @dataclass(eq=False)
@@ -94,8 +106,11 @@ class EpochClient:
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
         self._transport_retries = transport_retries
+        self._user_message_handler = client_kwargs.pop("message_handler", None)
         self._client_kwargs = client_kwargs
         self._client_kwargs.setdefault("mode", "legacy")
+        self._client_kwargs["message_handler"] = self._on_message
+        self._progress: dict[str, ProgressFnT] = {}
         self._tg: TaskGroup | None = None
         self._attempt: _Attempt | None = None
         self._lock = anyio.Lock()
@@ -144,6 +159,22 @@ class EpochClient:
         att.reject(reason, detail)
         self.rejections.append(ResumptionRejected(reason, detail))
 
+    async def _on_message(self, message: Any) -> None:
+        """Progress of :meth:`call_tool` calls, routed by the call's own token.
+
+        The SDK names a call's progress token after its request id, and a resumption is a new
+        request with a new id, so the SDK would drop every progress notification the resumed
+        stream carries (the server keeps the original token). Each call therefore carries a
+        token of its own, and its progress comes here whichever request it arrives on.
+        """
+        if isinstance(message, ProgressNotification):
+            callback = self._progress.get(str(message.params.progress_token))
+            if callback is not None:
+                p = message.params
+                await callback(p.progress, p.total, p.message)
+        if self._user_message_handler is not None:
+            await self._user_message_handler(message)
+
     async def _fresh_cursor(self, request: httpx2.Request) -> None:
         """Resume from the newest cursor, never an older one of the same stream.
 
@@ -162,7 +193,9 @@ class EpochClient:
         self, att: _Attempt, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         task_status.started()
-        http = create_mcp_http_client(headers=self._headers)
+        http = httpx2.AsyncClient(
+            headers=self._headers, timeout=HTTP_TIMEOUT, transport=ResumeTransport()
+        )
 
         async def hook(response: httpx2.Response) -> None:
             await self._on_response(att, response)
@@ -265,19 +298,27 @@ class EpochClient:
             chain.seen.append(token)
             self._cursors[token] = chain
 
-        request = CallToolRequest(params=CallToolRequestParams(name=name, arguments=arguments))
+        meta: Any = None
+        if progress_callback is not None:
+            progress_token = f"epoch-{next(_TOKENS)}"
+            meta = {"progressToken": progress_token}
+            self._progress[progress_token] = progress_callback
+        params = CallToolRequestParams(name=name, arguments=arguments, _meta=meta)
+        request = CallToolRequest(params=params)
 
         async def call(client: Client) -> CallToolResult:
             backoff = self._min_backoff
             metadata = ClientMessageMetadata(on_resumption_token_update=on_token)
             for attempt in range(self._transport_retries + 1):
+                # Seen by this attempt's resumption GET (the SDK sends it in a copy of this
+                # context): an explicit resumption must complete or fail, never just end.
+                marker = explicit_resume.set(attempt > 0)
                 try:
                     return await client.session.send_request(
                         request,
                         CallToolResult,
                         request_read_timeout_seconds=read_timeout_seconds,
                         metadata=metadata,
-                        progress_callback=progress_callback,
                     )
                 except MCPError as exc:
                     if exc.code != CONNECTION_CLOSED or cursor is None:
@@ -285,6 +326,8 @@ class EpochClient:
                     if attempt == self._transport_retries:
                         raise
                     log.info("transport error %r; resuming from %s", exc, cursor)
+                finally:
+                    explicit_resume.reset(marker)
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
                 metadata = ClientMessageMetadata(
@@ -295,5 +338,7 @@ class EpochClient:
         try:
             return await self.run(call)
         finally:
+            if meta is not None:
+                self._progress.pop(meta["progressToken"], None)
             for token in chain.seen:
                 self._cursors.pop(token, None)

@@ -108,3 +108,26 @@ async def test_helper_fails_pending_call_within_a_second(server_factory: Any) ->
         assert done[0] - rejected_seen[0] < 1.0
         result = await client.call_tool("countdown", {"n": 1, "delay": 0.0})
         assert result.content[0].text == "done 1"  # type: ignore[union-attr]
+
+
+async def test_epoch_client_delivers_every_progress_step_across_reconnects(
+    server: ServerProc,
+) -> None:
+    # EpochClient gives each call a progress token of its own (an explicit resumption is a new
+    # request id, and the SDK would drop progress carrying the old one).
+    progress: list[float] = []
+    seen: list[Any] = []
+
+    async def on_progress(p: float, total: float | None, msg: str | None) -> None:
+        progress.append(p)
+
+    async def on_message(message: Any) -> None:
+        seen.append(message)
+
+    async with EpochClient(server.url, message_handler=on_message) as client:
+        result = await client.call_tool(
+            "countdown", {"n": 12, "delay": 0.02, "close_after": 4}, progress_callback=on_progress
+        )
+    assert result.content[0].text == "done 12"  # type: ignore[union-attr]
+    assert progress == list(range(1, 13))
+    assert len(seen) == 12  # the caller's own handler still sees every notification
