@@ -1,7 +1,7 @@
 """The exact formats of epoch tokens and of the Kubernetes names that go with them.
 
 One module so that the service, the operator and the replica library all accept and reject
-exactly the same strings (see DESIGN.md, "Epochs"):
+exactly the same strings (see docs/design.md, "Epochs"):
 
 - pod epoch      ``<ledger8>-<generation>``                e.g. ``9f2c1a7e-42``
 - process epoch  ``<pod epoch>.<incarnation>``             e.g. ``9f2c1a7e-42.0``

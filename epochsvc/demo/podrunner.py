@@ -45,7 +45,7 @@ Pod = dict[str, Any]
 #: Reads a Secret's or ConfigMap's data by name (decoded strings), ``None`` when it is absent.
 Lookup = Callable[[str], Awaitable[dict[str, str] | None]]
 
-#: The pod annotation that records the epoch the webhook injected (see DESIGN.md).
+#: The pod annotation that records the epoch the webhook injected (see docs/design.md).
 EPOCH_ANNOTATION = "mcp.epochs.dev/epoch"
 #: Environment the runner never passes down from its own process: a pod gets these only from
 #: its spec, so a value left in the runner's shell can never stand in for an injected one.

@@ -13,7 +13,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any, Final, NamedTuple
 
 ENV_CAPACITY: Final = "MCP_RESUME_BUFFER_EVENTS"
-DEFAULT_CAPACITY: Final = 3000  # 30 s reconnect window x 100 events/s (DESIGN.md)
+DEFAULT_CAPACITY: Final = 3000  # 30 s reconnect window x 100 events/s (docs/design.md)
 MAX_CAPACITY: Final = 10_000_000
 
 

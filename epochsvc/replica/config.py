@@ -1,4 +1,4 @@
-"""The replica's environment, as injected by the operator (DESIGN.md, "Names that must agree")."""
+"""The replica's environment, as injected by the operator (the names the operator injects)."""
 
 from __future__ import annotations
 

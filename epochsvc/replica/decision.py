@@ -1,7 +1,7 @@
 """THE resume decision: one pure function of (cursor, own epoch, buffer, live view, session).
 
 Nothing here does I/O or reads a clock, so the guard, the store and the property tests all run
-the very same rule (DESIGN.md, "The resume decision").
+the very same rule (docs/design.md, "The resume decision").
 """
 
 from __future__ import annotations

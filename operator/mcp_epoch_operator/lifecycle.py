@@ -1,4 +1,4 @@
-"""Pure decisions: what a pod's state means for its epoch (DESIGN.md, "Lifecycle").
+"""Pure decisions: what a pod's state means for its epoch (docs/design.md, "Epochs").
 
 ``pending`` (issued at admission) → ``live`` (the pod was seen: bind its name and UID) →
 ``draining`` (the pod has a deletion timestamp) → ``retired`` (the pod is gone). Every step is

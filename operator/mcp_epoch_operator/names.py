@@ -1,4 +1,4 @@
-"""Names that must agree with DESIGN.md, the CRD, the chart and the replica library."""
+"""Names that must agree with docs/design.md, the CRD, the chart and the replica library."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from mcp_epoch_operator.names import (
     SERVER_LABEL,
 )
 
-#: Replay buffer sizing (DESIGN.md: reconnect window * event rate). The floor keeps a short
+#: Replay buffer sizing (docs/design.md: reconnect window * event rate). The floor keeps a short
 #: burst resumable even for a server declared as quiet; the cap bounds replica memory. The CRD
 #: rejects products above the cap, so the clamp only matters for objects stored before that rule.
 BUFFER_FLOOR = 256
