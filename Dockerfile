@@ -69,6 +69,7 @@ websockets==17.4
 yarl==1.25.1
 CONSTRAINTS
 COPY pyproject.toml README.md ./
+COPY mcp_epoch ./mcp_epoch
 COPY epochsvc ./epochsvc
 COPY operator ./operator
 # Wheels for the project and every dependency; only these reach the final image.

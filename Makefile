@@ -31,6 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

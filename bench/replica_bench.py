@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mcp.server.streamable_http import EventMessage, EventStore
 from mcp_types import JSONRPCMessage, JSONRPCNotification
 
-from epochsvc.replica import EpochEventStore, SessionTag, current_session
-from epochsvc.tokens import PodEpoch, ProcessEpoch
+from mcp_epoch._internal.sessions import SessionTag, current_session
+from mcp_epoch._internal.store import EpochEventStore
+from mcp_epoch.contract import PodEpoch, ProcessEpoch
 
 CAPACITY = 3000
 EPOCH = ProcessEpoch(PodEpoch("9f2c1a7e", 42), 0)

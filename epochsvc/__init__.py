@@ -1,7 +1,5 @@
-"""mcp-epoch: epoch-safe Last-Event-ID resumption for MCP servers on Kubernetes.
+"""The epoch service (``epochsvc.service``, the ``service`` extra) and the demo.
 
-`epochsvc.tokens` and `epochsvc.replica` are importable with only the core dependencies;
-the epoch service (`epochsvc.service`) needs the `service` extra.
+The library MCP servers link is :mod:`mcp_epoch`; the names all parts share are in
+:mod:`mcp_epoch.contract`.
 """
-
-__version__ = "0.1.0"

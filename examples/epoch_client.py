@@ -11,7 +11,7 @@ import sys
 
 import anyio
 
-from epochsvc.replica import EpochClient, ResumptionRejected
+from mcp_epoch import EpochClient, ResumptionRejected
 
 
 async def main(url: str) -> None:

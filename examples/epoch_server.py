@@ -1,10 +1,8 @@
 """Example MCP server on the official SDK with epoch-safe resumption.
 
-Adopting the library is three lines on top of an ordinary SDK server::
+Adopting the library is one line on top of an ordinary SDK server::
 
-    store = EpochEventStore.from_env()                       # process epoch, buffer, live view
-    app = mcp.streamable_http_app(event_store=store)
-    app = ResumptionGuard(app, store)                        # decide before the SDK does
+    app = mcp_epoch.epoch_safe_app(mcp)   # instead of mcp.streamable_http_app()
 
 Run: ``python examples/epoch_server.py --port 8000`` (environment: MCP_EPOCH,
 MCP_EPOCH_SERVICE_URL, MCP_EPOCH_SERVICE_TOKEN, MCP_SERVER_NAMESPACE, MCP_SERVER_NAME,
@@ -21,7 +19,7 @@ import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 
-from epochsvc.replica import EpochEventStore, ResumptionGuard
+import mcp_epoch
 
 mcp = MCPServer("epoch-example")
 
@@ -41,19 +39,24 @@ async def countdown(n: int, delay: float = 0.05, close_after: int = 0, ctx: Cont
     return f"done {n}"
 
 
+app = mcp_epoch.epoch_safe_app(mcp, retry_interval=100)
+
+
 @mcp.tool()
 async def epoch(ctx: Context = None) -> str:  # type: ignore[assignment]
     """This process's epoch (handy for demos and tests)."""
-    return str(STORE.epoch) if STORE is not None else "none"
+    return str(app.epoch)
 
 
-STORE: EpochEventStore | None = None
-
-
-def build_app(store: EpochEventStore) -> ResumptionGuard:
-    global STORE
-    STORE = store
-    return ResumptionGuard(mcp.streamable_http_app(event_store=store, retry_interval=100), store)
+async def serve(host: str, port: int) -> None:
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    # uvicorn's lifespan would start the app too; starting it here first lets us announce
+    # the epoch this process got before it serves (a supervisor or a test reads this line).
+    async with app.running():
+        start = app.process_start
+        info = {"epoch": str(app.epoch), "registered": bool(start and start.registered)}
+        print(json.dumps(info), flush=True)
+        await server.serve()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,16 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
-    store = EpochEventStore.from_env()
-    app = build_app(store)
-    # One line on stdout so a supervisor (or a test) learns the epoch it got.
-    print(
-        json.dumps(
-            {"epoch": str(store.epoch), "registered": bool(store.start and store.start.registered)}
-        ),
-        flush=True,
-    )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="on")
+    anyio.run(serve, args.host, args.port)
 
 
 if __name__ == "__main__":

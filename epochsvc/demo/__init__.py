@@ -7,7 +7,6 @@ Modules, one job each: :mod:`~epochsvc.demo.checker` (ground truth and checks, p
 :mod:`~epochsvc.demo.fleet` (fleet drivers: how replicas come and go),
 :mod:`~epochsvc.demo.client` (the checked MCP clients), :mod:`~epochsvc.demo.scenario` (the
 timeline), :mod:`~epochsvc.demo.report` (table and verdict), :mod:`~epochsvc.demo.cli`.
-On a (kwok) Kubernetes control plane: :mod:`~epochsvc.demo.kube_fleet` (the fleet as an
-``McpServer`` and a real ``kubectl rollout restart``) and :mod:`~epochsvc.demo.podrunner` (a
-local process per Running pod, with the pod's environment).
+The same scenario on a (kwok) Kubernetes control plane is a test, not part of the product: its
+fleet driver and pod runner live in ``tests/e2e/``.
 """

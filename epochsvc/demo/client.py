@@ -10,7 +10,7 @@ same-process or cross-process and as lossless or not by what the call accepts ne
 * :class:`NaiveClient` is the SDK client's plain behaviour (``mcp.Client``): it reconnects as
   the SDK does and believes what it gets. Only when a call passes its deadline does the user
   give up on the session and open a new one (that call counts as hung).
-* :class:`EpochDemoClient` uses :class:`~epochsvc.replica.EpochClient`, the rejection path:
+* :class:`EpochDemoClient` uses :class:`mcp_epoch.EpochClient`, the rejection path:
   a rejected resumption fails the pending call at once and the next request opens a new
   session; the client measures how long that re-initialization took.
 """
@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,12 +30,12 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
 from epochsvc.demo.checker import CallCheck
 from epochsvc.demo.proxy import BACKEND_HEADER, CLIENT_HEADER
-from epochsvc.replica import EpochClient, ResumptionRejected
+from mcp_epoch import EpochClient, ResumptionRejected
+from mcp_epoch.contract import REJECTED_HEADER
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,9 @@ class NaiveClient(DemoClient):
         return self.result
 
     async def _session(self, session: int) -> None:
-        http = create_mcp_http_client(headers={CLIENT_HEADER: self.name})
+        # The SDK's own defaults for its HTTP client: 30 s, and 300 s to read a stream.
+        timeout = httpx2.Timeout(30.0, read=300.0)
+        http = httpx2.AsyncClient(headers={CLIENT_HEADER: self.name}, timeout=timeout)
 
         async def hook(response: httpx2.Response) -> None:
             self.observe(session, response)
@@ -201,20 +202,6 @@ class NaiveClient(DemoClient):
                 self._finish(call, result)
 
 
-class _ObservedEpochClient(EpochClient):
-    """``EpochClient`` that also shows every HTTP response to the demo's observer."""
-
-    def __init__(
-        self, url: str, observer: Callable[[int, httpx2.Response, bool], None], **kw: Any
-    ) -> None:
-        super().__init__(url, **kw)
-        self._observer = observer
-
-    async def _on_response(self, att: Any, response: httpx2.Response) -> None:
-        await super()._on_response(att, response)
-        self._observer(att.number, response, att.rejected is not None)
-
-
 class EpochDemoClient(DemoClient):
     """The mcp-epoch client: ``EpochClient`` and its rejection path."""
 
@@ -223,16 +210,16 @@ class EpochDemoClient(DemoClient):
         self._rejected_at: dict[int, tuple[float, str]] = {}
         self._ready_at: dict[int, float] = {}
 
-    def _observe(self, session: int, response: httpx2.Response, rejected: bool) -> None:
+    def _observe(self, response: httpx2.Response, session: int, rejected: bool) -> None:
         if rejected and session not in self._rejected_at:
-            reason = response.headers.get("mcp-resumption-rejected", "unknown")
+            reason = response.headers.get(REJECTED_HEADER, "unknown")
             self._rejected_at[session] = (time.monotonic(), reason)
         self.observe(session, response)
 
     async def run(self) -> ClientResult:
-        ec = _ObservedEpochClient(
+        ec = EpochClient(
             self.url,
-            self._observe,
+            on_response=self._observe,
             headers={CLIENT_HEADER: self.name},
             min_backoff=0.05,
             elicitation_callback=self.on_elicit,

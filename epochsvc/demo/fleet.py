@@ -27,6 +27,7 @@ import httpx
 
 from epochsvc.demo.proxy import Backend
 from epochsvc.demo.service import EpochService, epoch_path, operator_call
+from mcp_epoch import contract
 
 Kind = Literal["naive", "epoch"]
 NAMESPACE = "demo"
@@ -151,14 +152,14 @@ class LocalProcessFleet(FleetDriver):
             )
             env.update(
                 {
-                    "MCP_EPOCH": epoch,
-                    "MCP_EPOCH_SERVICE_URL": self.service.url,
-                    "MCP_EPOCH_SERVICE_TOKEN": self.service.replica_token,
-                    "MCP_SERVER_NAMESPACE": NAMESPACE,
-                    "MCP_SERVER_NAME": SERVER,
-                    "MCP_POD_NAME": name,
-                    "MCP_POD_UID": uid,
-                    "MCP_RESUME_BUFFER_EVENTS": str(self.buffer_events),
+                    contract.ENV_EPOCH: epoch,
+                    contract.ENV_SERVICE_URL: self.service.url,
+                    contract.ENV_SERVICE_TOKEN: self.service.replica_token,
+                    contract.ENV_NAMESPACE: NAMESPACE,
+                    contract.ENV_SERVER: SERVER,
+                    contract.ENV_POD_NAME: name,
+                    contract.ENV_POD_UID: uid,
+                    contract.ENV_BUFFER: str(self.buffer_events),
                 }
             )
         cmd = [sys.executable, "-m", "epochsvc.demo.replica", "--kind", self.kind, "--name", name]

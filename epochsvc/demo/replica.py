@@ -5,7 +5,7 @@ prints one JSON line (``name``, ``port``, ``epoch``, ``pid``) so its driver lear
 listens. Both kinds serve the same ``work`` tool; they differ only in what the demo compares:
 
 * ``epoch``: the replica library exactly as the README tells a server to adopt it
-  (``EpochEventStore.from_env()`` + ``ResumptionGuard``), with the operator-style environment.
+  (``mcp_epoch.epoch_safe_app(mcp)``), with the operator-style environment.
 * ``naive``: :mod:`epochsvc.demo.naive_server`, a model of ordinary servers.
 """
 
@@ -92,21 +92,41 @@ class NoStandaloneStream:
         await self.app(scope, receive, send)
 
 
-def build(kind: str, buffer_events: int) -> tuple[ASGIApp, str]:
-    """The replica's ASGI app and its epoch (empty for naive replicas)."""
+def build(kind: str, buffer_events: int) -> tuple[ASGIApp, Callable[[], str]]:
+    """The replica's ASGI app, and how to read its epoch once started (empty for naive)."""
     if kind == "epoch":
-        from epochsvc.replica import EpochEventStore, ResumptionGuard
+        from mcp_epoch import epoch_safe_app
 
-        store = EpochEventStore.from_env()
-        inner = mcp.streamable_http_app(event_store=store, retry_interval=RETRY_MS)
-        return NoStandaloneStream(ResumptionGuard(inner, store)), str(store.epoch)
+        app = epoch_safe_app(mcp, retry_interval=RETRY_MS)  # the one line a server adds
+        return NoStandaloneStream(app), lambda: str(app.epoch)
     from epochsvc.demo.naive_server import NaiveEventStore, make_naive
 
     inner = mcp.streamable_http_app(
         event_store=NaiveEventStore(buffer_events), retry_interval=RETRY_MS
     )
     make_naive(mcp.session_manager)
-    return NoStandaloneStream(inner), ""
+    return NoStandaloneStream(inner), lambda: ""
+
+
+class AnnounceWhenStarted:
+    """Print the replica's JSON line once the app's lifespan has started it (its epoch is
+    registered then), so the driver never routes to a replica that is not serving yet."""
+
+    def __init__(self, app: ASGIApp, info: Callable[[], dict[str, Any]]) -> None:
+        self.app = app
+        self.info = info
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def announcing(message: MutableMapping[str, Any]) -> None:
+            await send(message)
+            if message["type"] == "lifespan.startup.complete":
+                print(json.dumps(self.info()), flush=True)
+
+        await self.app(scope, receive, announcing)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,10 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     sock.bind((args.host, 0))
     sock.listen(256)
     port = sock.getsockname()[1]
-    info = {"name": args.name, "port": port, "epoch": epoch, "pid": os.getpid()}
-    print(json.dumps(info), flush=True)
+
+    def info() -> dict[str, Any]:
+        return {"name": args.name, "port": port, "epoch": epoch(), "pid": os.getpid()}
+
     config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1, access_log=False
+        AnnounceWhenStarted(app, info),
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+        access_log=False,
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from epochsvc import __version__
 from epochsvc.service.auth import Tokens
 from epochsvc.service.errors import install_error_handlers
 from epochsvc.service.limits import BodyLimit
@@ -21,6 +20,7 @@ from epochsvc.service.metrics import Metrics, ObserveLatency
 from epochsvc.service.routers import epochs, health, servers
 from epochsvc.service.settings import Settings
 from epochsvc.service.store import EpochStore, StoreUnavailable, open_store
+from mcp_epoch import __version__
 
 log = logging.getLogger("epochsvc")
 

@@ -15,7 +15,7 @@ from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.metrics import Metrics
 from epochsvc.service.settings import Settings
 from epochsvc.service.store.base import EpochStore, UnknownEpoch
-from epochsvc.tokens import PodEpoch, ProcessEpoch, parse_epoch
+from mcp_epoch.contract import PodEpoch, ProcessEpoch, parse_epoch
 
 
 async def get_store(request: Request) -> EpochStore:

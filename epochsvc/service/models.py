@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from epochsvc.service.lifecycle import State
 from epochsvc.service.store.base import EpochRecord
-from epochsvc.tokens import DNS1123_LABEL_PATTERN, UID_PATTERN
+from mcp_epoch.contract import DNS1123_LABEL_PATTERN, UID_PATTERN
 
 K8sName = Annotated[
     str, StringConstraints(pattern=rf"^{DNS1123_LABEL_PATTERN}$", min_length=1, max_length=63)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mcp_epoch.contract import MAX_WAIT_SECONDS
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EPOCHSVC_", extra="ignore")
@@ -22,7 +24,7 @@ class Settings(BaseSettings):
     tombstone_ttl_seconds: float = Field(default=86400.0, ge=0)
     sweep_interval_seconds: float = Field(default=10.0, gt=0)
     # Long polls are held at most this long (below common proxy idle timeouts of 60 s).
-    max_wait_seconds: float = Field(default=55.0, gt=0)
+    max_wait_seconds: float = Field(default=MAX_WAIT_SECONDS, gt=0)
     # How often a long poll re-reads the store, so changes made by other service replicas
     # sharing one PostgreSQL are seen even without an in-process notification.
     poll_interval_seconds: float = Field(default=1.0, gt=0)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from epochsvc.tokens import PodEpoch
+from mcp_epoch.contract import PodEpoch
 from mcp_epoch_operator.names import EPOCH_ANNOTATION, SERVER_LABEL
 
 

@@ -1,32 +1,55 @@
-"""Names that must agree with docs/design.md, the CRD, the chart and the replica library."""
+"""The operator's own names; those shared with the other parts come from the contract."""
 
 from __future__ import annotations
 
-GROUP = "mcp.epochs.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "McpServer"
-PLURAL = "mcpservers"
-SHORT_NAME = "mcps"
+from mcp_epoch.contract import (
+    API_VERSION,
+    ENV_BUFFER,
+    ENV_EPOCH,
+    ENV_NAMESPACE,
+    ENV_POD_NAME,
+    ENV_POD_UID,
+    ENV_SERVER,
+    ENV_SERVICE_TOKEN,
+    ENV_SERVICE_URL,
+    EPOCH_ANNOTATION,
+    GROUP,
+    KIND,
+    PLURAL,
+    SERVER_LABEL,
+    SHORT_NAME,
+    VERSION,
+)
 
-#: Pod label marking a pod whose process needs an epoch; its value is the server name.
-SERVER_LABEL = f"{GROUP}/server"
-#: Pod annotation recording the pod epoch the webhook injected.
-EPOCH_ANNOTATION = f"{GROUP}/epoch"
+__all__ = [
+    "API_VERSION",
+    "ENV_BUFFER",
+    "ENV_EPOCH",
+    "ENV_NAMESPACE",
+    "ENV_POD_NAME",
+    "ENV_POD_UID",
+    "ENV_SERVER",
+    "ENV_SERVICE_TOKEN",
+    "ENV_SERVICE_URL",
+    "EPOCH_ANNOTATION",
+    "FIELD_MANAGER",
+    "GROUP",
+    "KIND",
+    "MANAGED_BY_LABEL",
+    "MANAGED_BY_VALUE",
+    "PLURAL",
+    "SERVER_LABEL",
+    "SHORT_NAME",
+    "VERSION",
+    "WEBHOOK_ID",
+    "WEBHOOK_NAME",
+    "WEBHOOK_PATH",
+]
 #: Label on the Deployment and Service an McpServer owns (selects them for drift checks).
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "mcp-epoch-operator"
 #: Field manager for server-side apply: the fields the operator owns.
 FIELD_MANAGER = "mcp-epoch-operator"
-
-ENV_EPOCH = "MCP_EPOCH"
-ENV_SERVICE_URL = "MCP_EPOCH_SERVICE_URL"
-ENV_SERVICE_TOKEN = "MCP_EPOCH_SERVICE_TOKEN"
-ENV_NAMESPACE = "MCP_SERVER_NAMESPACE"
-ENV_SERVER = "MCP_SERVER_NAME"
-ENV_POD_NAME = "MCP_POD_NAME"
-ENV_POD_UID = "MCP_POD_UID"
-ENV_BUFFER = "MCP_RESUME_BUFFER_EVENTS"
 
 #: The webhook handler id; it is also the URL path the webhook configuration points at.
 WEBHOOK_ID = "inject-epoch"

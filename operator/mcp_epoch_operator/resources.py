@@ -12,6 +12,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from mcp_epoch.contract import (
+    DEFAULT_EVENTS_PER_SECOND,
+    DEFAULT_RECONNECT_WINDOW_SECONDS,
+    INJECTED_ENV,
+    MAX_OPERATOR_BUFFER_EVENTS,
+)
 from mcp_epoch_operator.names import (
     API_VERSION,
     ENV_BUFFER,
@@ -31,9 +37,7 @@ from mcp_epoch_operator.names import (
 #: burst resumable even for a server declared as quiet; the cap bounds replica memory. The CRD
 #: rejects products above the cap, so the clamp only matters for objects stored before that rule.
 BUFFER_FLOOR = 256
-BUFFER_CAP = 1_000_000
-DEFAULT_RECONNECT_WINDOW_SECONDS = 30
-DEFAULT_EVENTS_PER_SECOND = 100
+BUFFER_CAP = MAX_OPERATOR_BUFFER_EVENTS
 DEFAULT_PORT = 8080
 DEFAULT_PATH = "/mcp"
 CONTAINER_NAME = "mcp"
@@ -41,16 +45,7 @@ PORT_NAME = "mcp"
 DEFAULT_TOKEN_KEY = "token"
 
 #: Environment variables the operator sets itself; the CRD forbids them in ``spec.env``.
-RESERVED_ENV = (
-    "MCP_EPOCH",
-    ENV_SERVICE_URL,
-    ENV_SERVICE_TOKEN,
-    ENV_NAMESPACE,
-    ENV_SERVER,
-    ENV_POD_NAME,
-    ENV_POD_UID,
-    ENV_BUFFER,
-)
+RESERVED_ENV = INJECTED_ENV
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcp_epoch.contract import ACTIVE_STATES
 from mcp_epoch_operator.lifecycle import Call, Stage, calls_for, epoch_of, wanted_stage
-
-ACTIVE_STATES = ("pending", "live", "draining")
 
 
 @dataclass

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from mcp_epoch.contract import ACTIVE_STATES
 from mcp_epoch_operator import lifecycle, resync, status
 from mcp_epoch_operator.config import OperatorConfig
 from mcp_epoch_operator.epochs import (
@@ -378,7 +379,7 @@ class Runtime:
             if (
                 ledger is not None
                 and not pods
-                and not any(e["state"] in resync.ACTIVE_STATES for e in ledger)
+                and not any(e["state"] in ACTIVE_STATES for e in ledger)
             ):
                 # Nothing left to watch for: forget the server until it shows up again.
                 self.known.discard(key)

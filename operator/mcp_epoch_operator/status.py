@@ -6,6 +6,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from mcp_epoch.contract import ACTIVE_STATES
 from mcp_epoch_operator.resources import selector_string
 
 #: status.epochs is for people and dashboards; the ledger is the full record.
@@ -57,7 +58,7 @@ def epoch_entries(
     by_uid = {(p.get("metadata") or {}).get("uid"): p for p in pods}
     entries = []
     for e in sorted(ledger_epochs, key=lambda e: -int(e["generation"])):
-        if e["state"] not in ("pending", "live", "draining"):
+        if e["state"] not in ACTIVE_STATES:
             continue
         entry: dict[str, Any] = {
             "epoch": e["epoch"],

@@ -11,7 +11,14 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from epochsvc.tokens import DNS1123_LABEL_RE, UID_RE
+from mcp_epoch.contract import (
+    DEFAULT_EVENTS_PER_SECOND,
+    DEFAULT_RECONNECT_WINDOW_SECONDS,
+    DNS1123_LABEL_RE,
+    RATE_ANNOTATION,
+    UID_RE,
+    WINDOW_ANNOTATION,
+)
 from mcp_epoch_operator.names import (
     ENV_BUFFER,
     ENV_EPOCH,
@@ -27,17 +34,11 @@ from mcp_epoch_operator.names import (
     WEBHOOK_PATH,
 )
 from mcp_epoch_operator.resources import (
-    DEFAULT_EVENTS_PER_SECOND,
-    DEFAULT_RECONNECT_WINDOW_SECONDS,
     ReplicaDefaults,
     buffer_events,
     field_env,
     secret_env,
 )
-
-#: Plain (non-McpServer) Deployments size their replay buffer with these pod annotations.
-WINDOW_ANNOTATION = "mcp.epochs.dev/reconnect-window-seconds"
-RATE_ANNOTATION = "mcp.epochs.dev/events-per-second"
 
 
 class Refusal(ValueError):

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from epochsvc.demo.podrunner import KubeAccess
 from tests.cluster.harness import Cluster
+from tests.e2e.podrunner import KubeAccess
 from tests.operator.support import (
     OperatorProcess,
     install_crd,

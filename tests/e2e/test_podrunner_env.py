@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from epochsvc.demo.podrunner import (
+from tests.e2e.podrunner import (
     PodEnvError,
     container_argv,
     container_env,

@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 
 from epochsvc.demo import report
-from epochsvc.demo.kube_fleet import KubeFleets, KubernetesFleet
-from epochsvc.demo.podrunner import KubeAccess
 from epochsvc.demo.scenario import FleetResult, ScenarioConfig, run_fleet
+from tests.e2e.kube_fleet import KubeFleets, KubernetesFleet
+from tests.e2e.podrunner import KubeAccess
 from tests.operator.support import OperatorProcess, ledger_states, wait_for
 from tests.support.epochsvc_proc import EpochServiceProcess
 

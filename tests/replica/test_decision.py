@@ -9,16 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epochsvc.replica import (
-    EpochRecord,
-    EpochSnapshot,
-    ReplayBuffer,
-    ResumptionEpochMismatch,
-    ResumptionGap,
-    ResumptionRejected,
-    decide,
-)
-from epochsvc.tokens import FALLBACK_INCARNATION_MIN, PodEpoch, ProcessEpoch
+from mcp_epoch._internal.buffer import ReplayBuffer
+from mcp_epoch._internal.decision import decide
+from mcp_epoch._internal.errors import ResumptionEpochMismatch, ResumptionGap, ResumptionRejected
+from mcp_epoch._internal.snapshot import EpochRecord, EpochSnapshot
+from mcp_epoch.contract import FALLBACK_INCARNATION_MIN, PodEpoch, ProcessEpoch
 
 LEDGER = "9f2c1a7e00112233445566778899aabb"
 OWN = ProcessEpoch(PodEpoch("9f2c1a7e", 42), 1)

@@ -8,9 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epochsvc.replica import EventId
-from epochsvc.replica.eventid import MAX_EVENT_ID_LEN, MAX_SEQ
-from epochsvc.tokens import MAX_GENERATION, PodEpoch, ProcessEpoch
+from mcp_epoch._internal.eventid import MAX_EVENT_ID_LEN, MAX_SEQ, EventId
+from mcp_epoch.contract import MAX_GENERATION, PodEpoch, ProcessEpoch
 
 # The format, written independently of the implementation.
 DEC = r"(0|[1-9][0-9]{0,18})"

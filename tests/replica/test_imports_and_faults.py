@@ -9,27 +9,46 @@ import textwrap
 import anyio
 import httpx
 
-from epochsvc.replica import EpochEventStore, ResumptionGuard, SessionTag, current_session
-from epochsvc.tokens import PodEpoch, ProcessEpoch
+from mcp_epoch._internal.guard import ResumptionGuard
+from mcp_epoch._internal.sessions import SessionTag, current_session
+from mcp_epoch._internal.store import EpochEventStore
+from mcp_epoch.contract import PodEpoch, ProcessEpoch
 
 
-def test_replica_imports_without_mcp_fastapi_uvicorn_sqlalchemy_kopf() -> None:
+def test_library_imports_without_mcp_fastapi_uvicorn_sqlalchemy_kopf() -> None:
     code = textwrap.dedent("""
         import sys
-        for name in ("mcp", "fastapi", "uvicorn", "sqlalchemy", "kopf", "starlette"):
+        for name in ("mcp", "mcp_types", "fastapi", "uvicorn", "sqlalchemy", "kopf", "starlette",
+                     "epochsvc", "mcp_epoch_operator"):
             sys.modules[name] = None  # any import of these now fails
-        import epochsvc.replica as r
-        from epochsvc.replica import guard, decision, liveview, process
-        buf = r.ReplayBuffer(4)
+        import mcp_epoch
+        from mcp_epoch._internal import guard, decision, liveview, process, buffer, eventid
+        buf = buffer.ReplayBuffer(4)
         buf.append("A", "1", "m")
-        assert r.EventId.decode("9f2c1a7e-42.0:1").seq == 1
-        try:
-            r.EpochEventStore
-        except ImportError:
-            print("lazy ok")
+        assert eventid.EventId.decode("9f2c1a7e-42.0:1").seq == 1
+        assert issubclass(mcp_epoch.ResumptionRejected, Exception)
+        for lazy in ("epoch_safe_app", "EpochClient"):
+            try:
+                getattr(mcp_epoch, lazy)
+            except ImportError:
+                print("lazy", lazy)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "lazy ok" in out.stdout
+    assert out.stdout.split("\n")[:2] == ["lazy epoch_safe_app", "lazy EpochClient"]
+
+
+def test_the_public_face_is_small() -> None:
+    import mcp_epoch
+
+    assert mcp_epoch.__all__ == [
+        "EpochClient",
+        "EpochSafeApp",
+        "Reason",
+        "ResumptionRejected",
+        "epoch_safe_app",
+    ]
+    for name in mcp_epoch.__all__:
+        assert getattr(mcp_epoch, name) is not None
 
 
 def test_a_failing_replay_never_reaches_the_client_as_500() -> None:

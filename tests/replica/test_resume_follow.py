@@ -16,9 +16,11 @@ from anyio.lowlevel import checkpoint
 from mcp.server.streamable_http import EventMessage
 from mcp_types import JSONRPCNotification, JSONRPCResponse
 
-from epochsvc.replica import EpochEventStore, ResumptionGap, SessionTag, current_session
-from epochsvc.replica.resume import ResumeState, current_resume
-from epochsvc.tokens import PodEpoch, ProcessEpoch
+from mcp_epoch._internal.errors import ResumptionGap
+from mcp_epoch._internal.resume import ResumeState, current_resume
+from mcp_epoch._internal.sessions import SessionTag, current_session
+from mcp_epoch._internal.store import EpochEventStore
+from mcp_epoch.contract import PodEpoch, ProcessEpoch
 
 pytestmark = pytest.mark.anyio
 

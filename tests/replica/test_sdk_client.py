@@ -10,7 +10,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from epochsvc.replica import EpochClient, ResumptionRejected
+from mcp_epoch import EpochClient, ResumptionRejected
 from tests.replica.conftest import ServerProc
 
 pytestmark = pytest.mark.anyio

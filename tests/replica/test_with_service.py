@@ -7,8 +7,10 @@ from typing import Any
 
 import httpx
 
-from epochsvc.replica import LiveEpochView, ReplicaConfig, start_process_epoch
-from epochsvc.tokens import FALLBACK_INCARNATION_MIN
+from mcp_epoch._internal.config import ReplicaConfig
+from mcp_epoch._internal.liveview import LiveEpochView
+from mcp_epoch._internal.process import start_process_epoch
+from mcp_epoch.contract import FALLBACK_INCARNATION_MIN
 from tests.replica.conftest import RawSession
 from tests.support.epochsvc_proc import EpochServiceProcess as EpochService
 from tests.support.ports import free_port

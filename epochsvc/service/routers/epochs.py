@@ -25,7 +25,7 @@ from epochsvc.service.models import (
     IssueRequest,
 )
 from epochsvc.service.store.base import UnknownEpoch
-from epochsvc.tokens import ProcessEpoch
+from mcp_epoch.contract import ProcessEpoch
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 415, 422, 503)

@@ -10,7 +10,7 @@ from epochsvc.service.auth import AnyCaller
 from epochsvc.service.deps import Config, Notifier, Store
 from epochsvc.service.lifecycle import State
 from epochsvc.service.models import Epoch, EpochList, ErrorBody
-from epochsvc.tokens import DNS1123_LABEL_PATTERN
+from mcp_epoch.contract import DNS1123_LABEL_PATTERN
 
 router = APIRouter(
     prefix="/v1/servers",

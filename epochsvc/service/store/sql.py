@@ -49,7 +49,7 @@ from epochsvc.service.store.base import (
 )
 from epochsvc.service.store.groupcommit import GroupCommitter, NoChange
 from epochsvc.service.store.mirror import LedgerMirror
-from epochsvc.tokens import FALLBACK_INCARNATION_MIN
+from mcp_epoch.contract import FALLBACK_INCARNATION_MIN
 
 log = logging.getLogger("epochsvc.store")
 

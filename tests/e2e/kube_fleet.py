@@ -7,7 +7,7 @@ Deployment the operator made for it. Everything in between is the cluster's job:
 webhook injects ``MCP_EPOCH`` into every pod, the operator binds, drains and retires the pod
 epochs in the epoch service, the Deployment controller replaces the pods one at a time
 (``maxSurge: 1``, ``maxUnavailable: 0``), and kwok makes them Running and finishes deletions.
-The :class:`~epochsvc.demo.podrunner.PodRunner` stands in for the kubelet's container runtime:
+The :class:`~tests.e2e.podrunner.PodRunner` stands in for the kubelet's container runtime:
 a local process per Running pod, with that pod's environment, in and out of the balancer.
 
 The driver never calls the epoch service itself (unlike the local fleet, which plays the
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from epochsvc.demo.fleet import FleetDriver, Kind, Replica, ReplicaSetListener
-from epochsvc.demo.podrunner import KubeAccess, PodProcess, PodRunner
+from tests.e2e.podrunner import KubeAccess, PodProcess, PodRunner
 
 Log = Callable[[str], None]
 

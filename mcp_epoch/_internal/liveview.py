@@ -19,12 +19,11 @@ from urllib.parse import quote
 
 import httpx
 
-from epochsvc.replica.config import ReplicaConfig
-from epochsvc.replica.snapshot import EpochSnapshot
+from mcp_epoch._internal.config import ReplicaConfig
+from mcp_epoch._internal.snapshot import EpochSnapshot
+from mcp_epoch.contract import MAX_WAIT_SECONDS
 
 log = logging.getLogger(__name__)
-
-MAX_WAIT = 55.0
 
 
 class LiveEpochView:
@@ -47,7 +46,7 @@ class LiveEpochView:
             f"{quote(namespace, safe='')}/{quote(server, safe='')}/epochs"
         )
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._wait = min(max(wait, 0.0), MAX_WAIT)
+        self._wait = min(max(wait, 0.0), MAX_WAIT_SECONDS)
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
         self._transport = transport

@@ -8,12 +8,11 @@ the cursor's own event is still buffered. Memory is ``capacity`` slots, whatever
 
 from __future__ import annotations
 
-import os
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable
 from typing import Any, Final, NamedTuple
 
-ENV_CAPACITY: Final = "MCP_RESUME_BUFFER_EVENTS"
-DEFAULT_CAPACITY: Final = 3000  # 30 s reconnect window x 100 events/s (docs/design.md)
+from mcp_epoch.contract import DEFAULT_BUFFER_EVENTS
+
 MAX_CAPACITY: Final = 10_000_000
 
 
@@ -26,17 +25,6 @@ class BufferedEvent(NamedTuple):
     stream_id: str
     message: Any
     event_id: str = ""
-
-
-def capacity_from_env(env: Mapping[str, str] | None = None, default: int = DEFAULT_CAPACITY) -> int:
-    """Read ``MCP_RESUME_BUFFER_EVENTS``; a bad value fails loudly (it is a deployment bug)."""
-    raw = (os.environ if env is None else env).get(ENV_CAPACITY)
-    if raw is None or raw.strip() == "":
-        return default
-    text = raw.strip()
-    if not text.isascii() or not text.isdigit():
-        raise ValueError(f"{ENV_CAPACITY}={raw!r} is not a positive integer")
-    return check_capacity(int(text))
 
 
 def check_capacity(capacity: int) -> int:
@@ -52,8 +40,8 @@ class ReplayBuffer:
 
     __slots__ = ("_capacity", "_next_seq", "_slots")
 
-    def __init__(self, capacity: int | None = None) -> None:
-        self._capacity = capacity_from_env() if capacity is None else check_capacity(capacity)
+    def __init__(self, capacity: int = DEFAULT_BUFFER_EVENTS) -> None:
+        self._capacity = check_capacity(capacity)
         self._slots: list[BufferedEvent | None] = [None] * self._capacity
         self._next_seq = 1
 

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import anyio
 import httpx2
@@ -34,9 +34,9 @@ from mcp_types import (
     ProgressNotification,
 )
 
-from epochsvc.replica.errors import REASONS, Reason, ResumptionRejected
-from epochsvc.replica.guard import REJECTED_HEADER
-from epochsvc.replica.resume_transport import ResumeTransport, explicit_resume
+from mcp_epoch._internal.errors import REASONS, Reason, ResumptionRejected
+from mcp_epoch._internal.resume_transport import ResumeTransport, explicit_resume
+from mcp_epoch.contract import REJECTED_HEADER
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -89,6 +89,8 @@ class EpochClient:
 
     ``async with EpochClient(url) as c: await c.call_tool(...)``; any SDK call can go through
     :meth:`run`. ``client_kwargs`` go to ``mcp.Client`` (callbacks, timeouts, ...).
+    ``on_response(response, session_number, rejected)`` sees every HTTP response, after the
+    client has decided whether it rejects its session.
     """
 
     def __init__(
@@ -99,9 +101,11 @@ class EpochClient:
         min_backoff: float = 0.1,
         max_backoff: float = 2.0,
         transport_retries: int = 8,
+        on_response: Callable[[httpx2.Response, int, bool], None] | None = None,
         **client_kwargs: Any,
     ) -> None:
         self.url = url
+        self._on_response_hook = on_response
         self._headers = headers
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
@@ -151,7 +155,7 @@ class EpochClient:
         had_session = "mcp-session-id" in response.request.headers
         if header is None and not had_session:
             return  # a 404 before any session exists is not about a session
-        reason: Reason = cast(Reason, header) if header in REASONS else "unknown"
+        reason: Reason = header if header in REASONS else "unknown"
         detail = "rejected by the server" if header else "session not found"
         log.info(
             "session %d rejected (%s): failing %d pending", att.number, reason, len(att.pending)
@@ -199,6 +203,8 @@ class EpochClient:
 
         async def hook(response: httpx2.Response) -> None:
             await self._on_response(att, response)
+            if self._on_response_hook is not None:
+                self._on_response_hook(response, att.number, att.rejected is not None)
 
         http.event_hooks = {"request": [self._fresh_cursor], "response": [hook]}
         try:

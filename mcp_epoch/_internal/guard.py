@@ -5,7 +5,7 @@ waits forever) and a failing store with a 500 (the client retries the same dead 
 guard answers instead: 400 for a malformed cursor, and for a rejected one a 404, which makes
 spec-following clients re-initialize, with a JSON-RPC error whose ``data.reason`` says why and a
 ``Mcp-Resumption-Rejected`` header. It also tags every request with its session (see
-:mod:`epochsvc.replica.sessions`) and, when this process is a zombie, refuses new sessions.
+:mod:`mcp_epoch._internal.sessions`) and, when this process is a zombie, refuses new sessions.
 Requests of the 2026-07-28 revision (no sessions, no resumption) pass through untouched.
 This module does not import ``mcp``.
 """
@@ -17,11 +17,12 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final, Protocol
 
-from epochsvc.replica.decision import ReplayPlan
-from epochsvc.replica.errors import Reason, ResumptionRejected
-from epochsvc.replica.eventid import EventId
-from epochsvc.replica.resume import ResumeState, current_resume
-from epochsvc.replica.sessions import SessionRegistry, SessionTag, current_session
+from mcp_epoch._internal.decision import ReplayPlan
+from mcp_epoch._internal.errors import Reason, ResumptionRejected
+from mcp_epoch._internal.eventid import EventId
+from mcp_epoch._internal.resume import ResumeState, current_resume
+from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
+from mcp_epoch.contract import REJECTED_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-REJECTED_HEADER: Final = "mcp-resumption-rejected"
 SESSION_HEADER: Final = b"mcp-session-id"
 LAST_EVENT_ID_HEADER: Final = b"last-event-id"
 PROTOCOL_HEADER: Final = b"mcp-protocol-version"

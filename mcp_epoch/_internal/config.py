@@ -1,21 +1,34 @@
-"""The replica's environment, as injected by the operator (the names the operator injects)."""
+"""The replica's environment, as the operator injects it (names from :mod:`mcp_epoch.contract`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
 
-from epochsvc.replica.buffer import capacity_from_env
+from mcp_epoch._internal.buffer import check_capacity
+from mcp_epoch.contract import (
+    DEFAULT_BUFFER_EVENTS,
+    ENV_BUFFER,
+    ENV_EPOCH,
+    ENV_NAMESPACE,
+    ENV_POD_NAME,
+    ENV_POD_UID,
+    ENV_SERVER,
+    ENV_SERVICE_TOKEN,
+    ENV_SERVICE_URL,
+)
 
-ENV_EPOCH: Final = "MCP_EPOCH"
-ENV_SERVICE_URL: Final = "MCP_EPOCH_SERVICE_URL"
-ENV_SERVICE_TOKEN: Final = "MCP_EPOCH_SERVICE_TOKEN"
-ENV_NAMESPACE: Final = "MCP_SERVER_NAMESPACE"
-ENV_SERVER: Final = "MCP_SERVER_NAME"
-ENV_POD_NAME: Final = "MCP_POD_NAME"
-ENV_POD_UID: Final = "MCP_POD_UID"
+
+def capacity_from_env(env: Mapping[str, str] | None = None) -> int:
+    """Read ``MCP_RESUME_BUFFER_EVENTS``; a bad value fails loudly (it is a deployment bug)."""
+    raw = (os.environ if env is None else env).get(ENV_BUFFER)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_BUFFER_EVENTS
+    text = raw.strip()
+    if not text.isascii() or not text.isdigit():
+        raise ValueError(f"{ENV_BUFFER}={raw!r} is not a positive integer")
+    return check_capacity(int(text))
 
 
 def _get(env: Mapping[str, str], key: str) -> str | None:

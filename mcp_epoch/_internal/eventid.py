@@ -2,7 +2,7 @@
 
 An event ID is only meaningful inside the process epoch that minted it, so the epoch is part of
 the ID and decoding is strict: a cursor that is not exactly in the format is never guessed at.
-The epoch formats themselves live in :mod:`epochsvc.tokens` (shared with service and operator).
+The epoch formats themselves live in :mod:`mcp_epoch.contract` (shared with service and operator).
 """
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from epochsvc.tokens import MAX_DECIMAL_DIGITS, MAX_GENERATION, MAX_PROCESS_EPOCH_LEN, ProcessEpoch
+from mcp_epoch.contract import (
+    MAX_DECIMAL_DIGITS,
+    MAX_GENERATION,
+    MAX_PROCESS_EPOCH_LEN,
+    ProcessEpoch,
+)
 
 MAX_SEQ = MAX_GENERATION
 # Longest event ID: longest process epoch, ':' and a 19-digit seq. Checked before any parsing,

@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Literal
+from typing import Any
 
-State = Literal["pending", "live", "draining", "retired", "abandoned"]
-STATES: Final[tuple[str, ...]] = ("pending", "live", "draining", "retired", "abandoned")
+from mcp_epoch.contract import STATES, State
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from epochsvc.replica.buffer import BufferedEvent, ReplayBuffer
-from epochsvc.replica.errors import (
+from mcp_epoch._internal.buffer import BufferedEvent, ReplayBuffer
+from mcp_epoch._internal.errors import (
     Reason,
     ResumptionEpochMismatch,
     ResumptionGap,
     ResumptionRejected,
 )
-from epochsvc.replica.eventid import EventId
-from epochsvc.replica.snapshot import EpochSnapshot
-from epochsvc.tokens import ProcessEpoch
+from mcp_epoch._internal.eventid import EventId
+from mcp_epoch._internal.snapshot import EpochSnapshot
+from mcp_epoch.contract import ProcessEpoch
 
 
 @dataclass(frozen=True, slots=True)

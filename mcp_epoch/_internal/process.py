@@ -17,8 +17,8 @@ from urllib.parse import quote
 
 import httpx
 
-from epochsvc.replica.config import ReplicaConfig
-from epochsvc.tokens import (
+from mcp_epoch._internal.config import ReplicaConfig
+from mcp_epoch.contract import (
     FALLBACK_INCARNATION_MIN,
     LEDGER_PREFIX_LEN,
     MAX_GENERATION,
@@ -37,7 +37,7 @@ class ProcessStart:
 
 
 def fallback_epoch(pod: PodEpoch | None = None) -> ProcessEpoch:
-    """A random process epoch outside anything a ledger issues (see ``epochsvc.tokens``)."""
+    """A random process epoch outside anything a ledger issues (see ``mcp_epoch.contract``)."""
     if pod is None:
         pod = PodEpoch(secrets.token_hex(LEDGER_PREFIX_LEN // 2), 0)
     span = MAX_GENERATION - FALLBACK_INCARNATION_MIN + 1

@@ -6,10 +6,9 @@ what is pending and start a fresh session. ``reason`` is machine-readable and go
 
 from __future__ import annotations
 
-from typing import Final, Literal, get_args
+from mcp_epoch.contract import REASONS, Reason
 
-Reason = Literal["gap", "live-elsewhere", "draining", "retired", "unknown"]
-REASONS: Final[tuple[str, ...]] = get_args(Reason)
+__all__ = ["REASONS", "Reason", "ResumptionEpochMismatch", "ResumptionGap", "ResumptionRejected"]
 
 
 class ResumptionRejected(Exception):

@@ -2,32 +2,32 @@
 
 Event IDs are ``<process epoch>:<seq>`` with one seq counter per process, so an ID is unique
 across every stream and session of the process and meaningless in any other process. Events
-are owned by the session (see :mod:`epochsvc.replica.sessions`) and the stream they were first
+are owned by the session (see :mod:`mcp_epoch._internal.sessions`) and the stream they were first
 sent on; replay sends only the owner's events of that stream. This module imports ``mcp``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Protocol
 
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
 from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCResponse
 
-from epochsvc.replica.buffer import BufferedEvent, ReplayBuffer
-from epochsvc.replica.config import ReplicaConfig
-from epochsvc.replica.decision import ReplayPlan, decide, zombie
-from epochsvc.replica.errors import ResumptionGap
-from epochsvc.replica.eventid import EventId
-from epochsvc.replica.liveview import LiveEpochView
-from epochsvc.replica.process import ProcessStart, start_process_epoch
-from epochsvc.replica.resume import Followers, follow, mark_broken
-from epochsvc.replica.sessions import SessionTag, current_session
-from epochsvc.replica.snapshot import EpochSnapshot
-from epochsvc.tokens import ProcessEpoch
+from mcp_epoch._internal.buffer import BufferedEvent, ReplayBuffer
+from mcp_epoch._internal.decision import ReplayPlan, decide, zombie
+from mcp_epoch._internal.errors import ResumptionGap
+from mcp_epoch._internal.eventid import EventId
+from mcp_epoch._internal.resume import Followers, follow, mark_broken
+from mcp_epoch._internal.sessions import SessionTag, current_session
+from mcp_epoch._internal.snapshot import EpochSnapshot
+from mcp_epoch.contract import DEFAULT_BUFFER_EVENTS, ProcessEpoch
 
 log = logging.getLogger(__name__)
+NOT_STARTED = (
+    "mcp-epoch has no process epoch yet: serve the app with its ASGI lifespan on "
+    "(or enter EpochSafeApp.running()) before the first request"
+)
 
 
 def _is_final(ev: BufferedEvent) -> bool:
@@ -45,48 +45,36 @@ class EpochEventStore(EventStore):
 
     def __init__(
         self,
-        epoch: ProcessEpoch,
+        epoch: ProcessEpoch | None = None,
         *,
-        capacity: int | None = None,
+        capacity: int = DEFAULT_BUFFER_EVENTS,
         view: SnapshotSource | None = None,
     ) -> None:
-        self.epoch = epoch
         self.buffer = ReplayBuffer(capacity)
         self.view = view
-        self._prefix = f"{epoch}:"
         self._followers = Followers()
-        self.start: ProcessStart | None = None
+        self._epoch: ProcessEpoch | None = None
+        self._prefix = ""
+        if epoch is not None:
+            self.bind(epoch)
 
-    @classmethod
-    def from_env(
-        cls,
-        env: Mapping[str, str] | None = None,
-        *,
-        follow: bool = True,
-        first_sync_timeout: float = 3.0,
-    ) -> EpochEventStore:
-        """Everything from the operator-injected environment: register the process epoch,
-        size the buffer, and (if ``follow``) start the live-epoch view in the background.
+    @property
+    def epoch(self) -> ProcessEpoch:
+        """This process's epoch; set once, before the first request (see :meth:`bind`)."""
+        if self._epoch is None:
+            raise RuntimeError(NOT_STARTED)
+        return self._epoch
 
-        Waits up to ``first_sync_timeout`` for the view's first copy of the ledger: a process
-        serving before it knows any epoch would reject every foreign cursor as ``unknown``
-        (still safe, but the wrong reason). If the service does not answer in time, it serves
-        anyway and the view catches up in the background.
-        """
-        config = ReplicaConfig.from_env(env)
-        start = start_process_epoch(config)
-        view = LiveEpochView.from_config(config)
-        if view is not None and follow:
-            view.start()
-            if not view.wait_for(lambda snap: snap.ledger_id is not None, first_sync_timeout):
-                log.warning(
-                    "no copy of the ledger after %.1fs; serving, foreign cursors read as "
-                    "'unknown' until the epoch service answers",
-                    first_sync_timeout,
-                )
-        store = cls(start.epoch, capacity=config.buffer_events, view=view)
-        store.start = start
-        return store
+    @property
+    def bound(self) -> bool:
+        return self._epoch is not None
+
+    def bind(self, epoch: ProcessEpoch) -> None:
+        """Fix the process epoch; event IDs are minted from it from now on."""
+        if self._epoch is not None and self._epoch != epoch:
+            raise RuntimeError(f"the process epoch is {self._epoch} already")
+        self._epoch = epoch
+        self._prefix = f"{epoch}:"
 
     def snapshot(self) -> EpochSnapshot:
         return EpochSnapshot() if self.view is None else self.view.snapshot
@@ -102,6 +90,8 @@ class EpochEventStore(EventStore):
         return self._prefix + str(seq)
 
     async def store_event(self, stream_id: str, message: JSONRPCMessage | None) -> str:
+        if not self._prefix:
+            raise RuntimeError(NOT_STARTED)
         buffer = self.buffer
         owner = current_session.get()
         event_id = self._prefix + str(buffer.next_seq)
@@ -119,7 +109,7 @@ class EpochEventStore(EventStore):
         or whose registration an older connection of the same stream removes, silently misses
         events or never ends. Following the buffer cannot miss one: every event is stored here
         before it is sent anywhere. An eviction that overtakes the follower aborts the
-        connection (see :mod:`epochsvc.replica.resume`), so the client reconnects from its
+        connection (see :mod:`mcp_epoch._internal.resume`), so the client reconnects from its
         last cursor and hears ``gap``; nothing is skipped.
         """
         owner = current_session.get()

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import anyio
 
-from epochsvc.replica.buffer import BufferedEvent, ReplayBuffer
-from epochsvc.replica.decision import ReplayPlan
-from epochsvc.replica.errors import ResumptionGap
+from mcp_epoch._internal.buffer import BufferedEvent, ReplayBuffer
+from mcp_epoch._internal.decision import ReplayPlan
+from mcp_epoch._internal.errors import ResumptionGap
 
 StreamKey = tuple[Hashable | None, str]
 

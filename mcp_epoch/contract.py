@@ -1,7 +1,11 @@
-"""The exact formats of epoch tokens and of the Kubernetes names that go with them.
+"""The contract every part of mcp-epoch agrees on: names, formats, states and defaults.
 
-One module so that the service, the operator and the replica library all accept and reject
-exactly the same strings (see docs/design.md, "Epochs"):
+The epoch service, the operator, the replica library and (through a test) the chart and the CRD
+all take these from here, so that none of them can drift from the others. It imports nothing
+but the standard library's ``re`` and ``dataclasses``.
+
+Epoch tokens (see docs/design.md, "Epochs"); every part accepts and rejects exactly the same
+strings:
 
 - pod epoch      ``<ledger8>-<generation>``                e.g. ``9f2c1a7e-42``
 - process epoch  ``<pod epoch>.<incarnation>``             e.g. ``9f2c1a7e-42.0``
@@ -17,6 +21,72 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Final, Literal
+
+# --- the Kubernetes API of the operator -------------------------------------------------------
+
+GROUP: Final = "mcp.epochs.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "McpServer"
+PLURAL: Final = "mcpservers"
+SHORT_NAME: Final = "mcps"
+#: Pod label marking a pod whose process needs an epoch; its value is the server name.
+SERVER_LABEL: Final = f"{GROUP}/server"
+#: Pod annotation recording the pod epoch the webhook injected.
+EPOCH_ANNOTATION: Final = f"{GROUP}/epoch"
+#: Pod annotations that size the replay buffer of a plain (non-McpServer) Deployment's pods.
+WINDOW_ANNOTATION: Final = f"{GROUP}/reconnect-window-seconds"
+RATE_ANNOTATION: Final = f"{GROUP}/events-per-second"
+
+# --- the environment of an epoch-managed container --------------------------------------------
+
+ENV_EPOCH: Final = "MCP_EPOCH"
+ENV_SERVICE_URL: Final = "MCP_EPOCH_SERVICE_URL"
+ENV_SERVICE_TOKEN: Final = "MCP_EPOCH_SERVICE_TOKEN"
+ENV_NAMESPACE: Final = "MCP_SERVER_NAMESPACE"
+ENV_SERVER: Final = "MCP_SERVER_NAME"
+ENV_POD_NAME: Final = "MCP_POD_NAME"
+ENV_POD_UID: Final = "MCP_POD_UID"
+ENV_BUFFER: Final = "MCP_RESUME_BUFFER_EVENTS"
+#: Every variable the operator injects (the CRD forbids them in ``spec.env``).
+INJECTED_ENV: Final = (
+    ENV_EPOCH,
+    ENV_SERVICE_URL,
+    ENV_SERVICE_TOKEN,
+    ENV_NAMESPACE,
+    ENV_SERVER,
+    ENV_POD_NAME,
+    ENV_POD_UID,
+    ENV_BUFFER,
+)
+
+# --- the lifecycle of a pod epoch ---------------------------------------------------------------
+
+State = Literal["pending", "live", "draining", "retired", "abandoned"]
+STATES: Final[tuple[State, ...]] = ("pending", "live", "draining", "retired", "abandoned")
+#: States whose pod may still exist (anything else is a tombstone).
+ACTIVE_STATES: Final[tuple[State, ...]] = ("pending", "live", "draining")
+
+# --- a rejected resumption on the wire ----------------------------------------------------------
+
+#: Response header of a rejected resumption; its value is the reason.
+REJECTED_HEADER: Final = "mcp-resumption-rejected"
+Reason = Literal["gap", "live-elsewhere", "draining", "retired", "unknown"]
+REASONS: Final[tuple[Reason, ...]] = ("gap", "live-elsewhere", "draining", "retired", "unknown")
+
+# --- defaults -----------------------------------------------------------------------------------
+
+#: Replay buffer: reconnect window (s) x event rate (events/s), e.g. 30 s x 100/s.
+DEFAULT_RECONNECT_WINDOW_SECONDS: Final = 30
+DEFAULT_EVENTS_PER_SECOND: Final = 100
+DEFAULT_BUFFER_EVENTS: Final = DEFAULT_RECONNECT_WINDOW_SECONDS * DEFAULT_EVENTS_PER_SECOND
+#: The operator never sizes a buffer beyond this (the CRD refuses larger products).
+MAX_OPERATOR_BUFFER_EVENTS: Final = 1_000_000
+#: The longest long poll the service holds open (a replica never asks for more).
+MAX_WAIT_SECONDS: Final = 55.0
+
+# --- epoch tokens ---------------------------------------------------------------------------------
 
 LEDGER_PREFIX_LEN = 8
 # Bounded so that a token always fits comfortably in a header and a database column.

@@ -1,0 +1,45 @@
+"""mcp-epoch: epoch-safe ``Last-Event-ID`` resumption for MCP servers on Kubernetes.
+
+A server on the official MCP Python SDK adopts it in one line::
+
+    app = mcp_epoch.epoch_safe_app(mcp)  # serve `app` instead of mcp.streamable_http_app()
+
+and a client that wants rejections handled for it uses :class:`EpochClient`. The names every
+part agrees on (environment, labels, states, token formats) are in :mod:`mcp_epoch.contract`.
+Everything else is private. ``import mcp_epoch`` needs only ``httpx`` and ``anyio``; the names
+that need the ``mcp`` extra load on first use.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+from mcp_epoch._internal.errors import ResumptionRejected
+from mcp_epoch.contract import Reason
+
+if TYPE_CHECKING:
+    from mcp_epoch._internal.app import EpochSafeApp, epoch_safe_app
+    from mcp_epoch._internal.client import EpochClient
+
+try:
+    __version__ = version("mcp-epoch")
+except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["EpochClient", "EpochSafeApp", "Reason", "ResumptionRejected", "epoch_safe_app"]
+
+_LAZY = {
+    "EpochSafeApp": "mcp_epoch._internal.app",
+    "epoch_safe_app": "mcp_epoch._internal.app",
+    "EpochClient": "mcp_epoch._internal.client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mcp_epoch' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

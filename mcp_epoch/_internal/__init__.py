@@ -1,0 +1,1 @@
+"""Private: the library's internals. Import from :mod:`mcp_epoch` instead."""

@@ -1,0 +1,135 @@
+"""``epoch_safe_app(server)``: a server's Streamable HTTP app, epoch-safe, in one call.
+
+It wires what a server needs and nothing blocks while it does: the event store and the guard
+are built at once, while everything that talks to the network happens in the ASGI lifespan.
+That means registering this process start with the epoch service (or falling back) and following the
+ledger's live view. On shutdown the view stops. A server that is mounted inside a larger app
+(whose lifespan does not reach mounted apps) enters :meth:`EpochSafeApp.running` itself.
+This module imports ``mcp``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
+
+import anyio
+
+from mcp_epoch._internal.config import ReplicaConfig
+from mcp_epoch._internal.guard import ASGIApp, Message, Receive, ResumptionGuard, Scope, Send
+from mcp_epoch._internal.liveview import LiveEpochView
+from mcp_epoch._internal.process import ProcessStart, start_process_epoch
+from mcp_epoch._internal.store import NOT_STARTED, EpochEventStore
+from mcp_epoch.contract import ProcessEpoch
+
+log = logging.getLogger("mcp_epoch")
+
+#: How long start-up waits for the first copy of the ledger. Serving before it would refuse
+#: every foreign cursor as ``unknown``: safe, but the wrong reason.
+FIRST_SYNC_TIMEOUT = 3.0
+
+
+class StreamableServer(Protocol):
+    """What the SDK's ``MCPServer`` and low-level ``Server`` both offer."""
+
+    @property
+    def streamable_http_app(self) -> Callable[..., Any]: ...
+
+
+class EpochSafeApp:
+    """The ASGI app :func:`epoch_safe_app` returns; serve it like the SDK's own app."""
+
+    def __init__(
+        self,
+        server: StreamableServer,
+        *,
+        env: Mapping[str, str] | None = None,
+        first_sync_timeout: float = FIRST_SYNC_TIMEOUT,
+        **http_app_options: Any,
+    ) -> None:
+        self.config = ReplicaConfig.from_env(env)
+        self.view = LiveEpochView.from_config(self.config)
+        self.store = EpochEventStore(capacity=self.config.buffer_events, view=self.view)
+        inner: ASGIApp = server.streamable_http_app(event_store=self.store, **http_app_options)
+        self._guard = ResumptionGuard(inner, self.store)
+        self._first_sync_timeout = first_sync_timeout
+        self.process_start: ProcessStart | None = None
+
+    @property
+    def epoch(self) -> ProcessEpoch:
+        """This process's epoch (known once started)."""
+        return self.store.epoch
+
+    async def start(self) -> None:
+        """Register this process start and begin following the ledger (idempotent)."""
+        if self.process_start is not None:
+            return
+        start = await anyio.to_thread.run_sync(start_process_epoch, self.config)
+        self.store.bind(start.epoch)
+        self.process_start = start
+        if self.view is None:
+            return
+        self.view.start()
+        synced = await anyio.to_thread.run_sync(
+            self.view.wait_for, lambda snap: snap.ledger_id is not None, self._first_sync_timeout
+        )
+        if not synced:
+            log.warning(
+                "no copy of the ledger after %.1fs; serving, foreign cursors read as 'unknown' "
+                "until the epoch service answers (%s)",
+                self._first_sync_timeout,
+                self.view.last_error,
+            )
+
+    async def close(self) -> None:
+        """Stop following the ledger."""
+        if self.view is not None:
+            await anyio.to_thread.run_sync(self.view.stop)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[EpochSafeApp]:
+        """Start and close around a block, for a host whose lifespan does not reach this app."""
+        await self.start()
+        try:
+            yield self
+        finally:
+            await self.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.store.bound:
+            await _not_started(send)
+            return
+        if scope["type"] != "lifespan":
+            await self._guard(scope, receive, send)
+            return
+
+        async def lifespan_receive() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+            elif message["type"] == "lifespan.shutdown":
+                await self.close()
+            return message
+
+        await self._guard(scope, lifespan_receive, send)
+
+
+async def _not_started(send: Send) -> None:
+    error = {"code": -32603, "message": NOT_STARTED}
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def epoch_safe_app(server: StreamableServer, **options: Any) -> EpochSafeApp:
+    """``app = epoch_safe_app(mcp)``: the SDK server's Streamable HTTP app, epoch-safe.
+
+    ``options`` go to ``server.streamable_http_app`` (``retry_interval``, ``json_response``,
+    ...), except ``env`` (default ``os.environ``: the variables the operator injects) and
+    ``first_sync_timeout``.
+    """
+    return EpochSafeApp(server, **options)
