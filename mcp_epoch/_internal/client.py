@@ -47,6 +47,16 @@ HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 _TOKENS = itertools.count(1)
 
 
+async def _answers(client: Client) -> bool:
+    """Whether the SDK session can still send a request and get its answer."""
+    try:
+        with anyio.fail_after(5):
+            await client.send_ping()
+    except Exception:
+        return False
+    return True
+
+
 @dataclass(eq=False)
 class _Attempt:
     """One logical session: its SDK client, its pending calls and how it ended."""
@@ -278,12 +288,7 @@ class EpochClient:
         """Whether the session still answers: a lost stream is not a lost session."""
         if att.client is None or att.stop.is_set():
             return False
-        try:
-            with anyio.fail_after(5):
-                await att.client.send_ping()
-        except Exception:
-            return False
-        return True
+        return await _answers(att.client)
 
     async def call_tool(
         self,
@@ -329,8 +334,8 @@ class EpochClient:
                 except MCPError as exc:
                     if exc.code != CONNECTION_CLOSED or cursor is None:
                         raise
-                    if attempt == self._transport_retries:
-                        raise
+                    if attempt == self._transport_retries or not await _answers(client):
+                        raise  # a session that cannot send any more cannot resume either
                     log.info("transport error %r; resuming from %s", exc, cursor)
                 finally:
                     explicit_resume.reset(marker)

@@ -1,4 +1,4 @@
-"""The client's HTTP transport for resumptions: a resumed stream either completes or fails.
+"""The client's HTTP transport: a resumed stream completes or fails; answers get through.
 
 The SDK (mcp 2.3) resumes a call explicitly with one GET and, when that stream ends without
 the call's response, neither reconnects nor fails the call: it waits forever. A connect error
@@ -8,6 +8,14 @@ such a GET (the caller marks it with :data:`explicit_resume`) so that both becom
 from the newest cursor): a body that ends before a JSON-RPC response or error has passed, or
 breaks. Connect errors of any ``Last-Event-ID`` GET are retried here: the request never reached
 a server, so sending it again is safe.
+
+The SDK client also writes its answers to server requests (an elicitation result) and its
+notifications one at a time, and when one such POST fails on a broken connection, its writer
+dies and takes the session's read side with it: the call's own stream then still receives its
+response but can no longer hand it over. Those POSTs carry nothing a second delivery could
+harm (a server drops a response for a request it no longer waits on), so this transport
+retries them on a new connection. A POST of a request is never retried here: it could run a
+tool twice.
 """
 
 from __future__ import annotations
@@ -23,7 +31,16 @@ import httpx2
 log = logging.getLogger(__name__)
 
 explicit_resume: ContextVar[bool] = ContextVar("epochsvc_explicit_resume", default=False)
-CONNECT_RETRIES = 4
+RETRIES = 4
+
+
+def _is_answer_or_notification(request: httpx2.Request) -> bool:
+    """A JSON-RPC response (no ``method``) or notification (no ``id``): safe to send again."""
+    try:
+        message = json.loads(request.content)
+    except (ValueError, httpx2.RequestNotRead):
+        return False
+    return isinstance(message, dict) and ("method" not in message or "id" not in message)
 
 
 def _is_final(data: str) -> bool:
@@ -81,23 +98,48 @@ class ResumeTransport(httpx2.AsyncBaseTransport):
         self._inner = inner or httpx2.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.method == "POST" and _is_answer_or_notification(request):
+            return await self._send(request, httpx2.TransportError)
         if request.method != "GET" or "last-event-id" not in request.headers:
             return await self._inner.handle_async_request(request)
-        backoff = 0.05
-        for attempt in range(CONNECT_RETRIES + 1):
-            try:
-                response = await self._inner.handle_async_request(request)
-                break
-            except httpx2.ConnectError:
-                if attempt == CONNECT_RETRIES:
-                    raise
-                log.debug("resumption connect failed; retrying in %.2fs", backoff)
-                await anyio.sleep(backoff)
-                backoff *= 2
+        response = await self._send(request, httpx2.ConnectError)
         if explicit_resume.get() and response.status_code == 200:
             assert isinstance(response.stream, httpx2.AsyncByteStream)
             response.stream = _CompleteOrFail(response.stream)
         return response
+
+    async def _send(
+        self, request: httpx2.Request, retry_on: type[httpx2.TransportError]
+    ) -> httpx2.Response:
+        backoff = 0.05
+        for attempt in range(RETRIES + 1):
+            try:
+                response = await self._inner.handle_async_request(request)
+                if request.method != "POST":
+                    return response
+                # The answer to an answer is a bodiless 202 (or a short error): read it here,
+                # so a connection that breaks before it arrives is retried too.
+                body = await response.aread()
+                return httpx2.Response(
+                    response.status_code,
+                    headers=response.headers,
+                    content=body,
+                    extensions=response.extensions,
+                    request=request,
+                )
+            except retry_on as exc:
+                if attempt == RETRIES:
+                    raise
+                log.debug(
+                    "%s %s failed (%r); retrying in %.2fs",
+                    request.method,
+                    request.url,
+                    exc,
+                    backoff,
+                )
+                await anyio.sleep(backoff)
+                backoff *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -18,6 +18,7 @@ import anyio
 import httpx
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
 
 from mcp_epoch._internal.guard import ResumptionGuard
 from mcp_epoch._internal.store import EpochEventStore
@@ -25,6 +26,10 @@ from mcp_epoch.contract import PodEpoch, ProcessEpoch
 from tests.replica.conftest import PROTOCOL, Sse, parse_sse
 
 EPOCH = ProcessEpoch(PodEpoch("9f2c1a7e", 7), 0)
+
+
+class Reply(BaseModel):
+    text: str
 
 
 class Gate:
@@ -64,6 +69,15 @@ def build(
             await ctx.report_progress(n, steps, f"{name} {n}")
         await anyio.to_thread.run_sync(gates[name].wait, steps + 1)
         return f"{name} done"
+
+    @mcp.tool()
+    async def asking(question: str, gate: str, ctx: Context = None) -> str:  # type: ignore[assignment]
+        """Ask the client once (an elicitation the tool awaits); answer with its reply once
+        the gate allows step 1."""
+        result = await ctx.elicit(question, Reply)
+        await anyio.to_thread.run_sync(gates[gate].wait, 1)
+        data = getattr(result, "data", None)
+        return f"got {data.text}" if isinstance(data, Reply) else f"no answer: {result!r}"
 
     store = store_cls(EPOCH, capacity=capacity)
     return ResumptionGuard(mcp.streamable_http_app(event_store=store), store), store
