@@ -40,6 +40,21 @@ log = logging.getLogger("mcp_epoch_operator")
 CURRENT_REQUEST: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("admission")
 
 
+def recorded_request() -> dict[str, Any]:
+    """The admission request being served. Without one the webhook cannot key an epoch, and a
+    labelled pod must never be admitted without its epoch: refuse (fail closed)."""
+    request = CURRENT_REQUEST.get(None)
+    if request is None:
+        log.error("admission request not recorded: refusing a labelled pod (an operator bug)")
+        raise kopf.AdmissionError(
+            "mcp-epoch: the operator did not record this admission request, so it cannot issue "
+            "the pod's epoch; the pod is refused rather than run without one (an operator bug: "
+            "report it, and retry the create)",
+            code=500,
+        )
+    return request
+
+
 class EpochWebhookServer(kopf.WebhookServer):
     """kopf's HTTPS webhook server with our certificates, recording each admission request.
 
@@ -118,7 +133,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         registry=registry,
     )
     async def inject_epoch(patch: kopf.Patch, dryrun: bool, warnings: list[str], **_: Any) -> None:
-        request = CURRENT_REQUEST.get({})
+        request = recorded_request()
         try:
             target = target_of(request)
         except Refusal as exc:

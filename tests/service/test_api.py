@@ -45,6 +45,10 @@ def test_full_lifecycle(svc: EpochServiceProcess) -> None:
         assert inc.json()["process_epoch"] == f"{epoch}.0" and inc.json()["incarnation"] == 0
         inc = c.post(f"/v1/epochs/{epoch}/incarnations", json={"pod_uid": "uid-0"})
         assert inc.json()["process_epoch"] == f"{epoch}.1"
+        # Another pod's UID is refused, and the answer never tells the bound one.
+        wrong = c.post(f"/v1/epochs/{epoch}/incarnations", json={"pod_uid": "uid-x"})
+        assert wrong.status_code == 409 and wrong.json()["code"] == "pod-mismatch"
+        assert "uid-0" not in wrong.text
 
         # Only the newest incarnation counts as live; an older one was replaced by a restart.
         assert c.get(f"/v1/epochs/{epoch}.1").json()["process_state"] == "live"

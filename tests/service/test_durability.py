@@ -188,3 +188,18 @@ def test_reads_through_another_service_process_follow_writes(
             time.sleep(0.05)
         listed = cb.get("/v1/servers/ns/rd/epochs").json()
         assert [e["state"] for e in listed["epochs"]] == ["live"]
+
+
+def test_an_invalid_transaction_after_a_lost_database_is_unavailable_not_a_500() -> None:
+    # PostgreSQL dying inside a group commit leaves the next statement of that transaction
+    # (the pg_notify) with PendingRollbackError. The fault is constructed here: killing the
+    # server at exactly that statement cannot be done on demand.
+    from sqlalchemy.exc import PendingRollbackError
+
+    from epochsvc.service.store.base import StoreUnavailable
+    from epochsvc.service.store.sql import _store_error
+
+    mapped = _store_error(
+        PendingRollbackError("Can't reconnect until invalid transaction is rolled back")
+    )
+    assert isinstance(mapped, StoreUnavailable)

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 
 from epochsvc.service.lifecycle import (
     TOMBSTONES,
@@ -444,7 +444,8 @@ class SqlEpochStore(EpochStore):
             if pod_uid is not None and current.pod_uid not in (None, pod_uid):
                 raise LifecycleError(
                     "pod-mismatch",
-                    f"epoch {current.epoch} belongs to pod UID {current.pod_uid}, not {pod_uid}",
+                    # Never the bound UID: a replica's caller must not learn another pod's.
+                    f"epoch {current.epoch} is bound to another pod, not to pod UID {pod_uid}",
                 )
             nxt = 0 if current.incarnation is None else current.incarnation + 1
             if nxt >= FALLBACK_INCARNATION_MIN:
@@ -585,8 +586,12 @@ def _database_errors() -> Iterator[None]:
 
 
 def _store_error(exc: BaseException) -> BaseException:
-    """Connection-level failures become StoreUnavailable (503); anything else is a bug."""
-    if isinstance(exc, OperationalError | OSError | ConnectionError) or (
+    """Connection-level failures become StoreUnavailable (503); anything else is a bug.
+
+    ``PendingRollbackError`` is one of them: when the database dies inside a group commit,
+    a statement after the failed one (the ``pg_notify``) finds the transaction invalid.
+    """
+    if isinstance(exc, OperationalError | PendingRollbackError | OSError | ConnectionError) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
     ):
         cause = getattr(exc, "orig", None) or exc
