@@ -10,6 +10,7 @@ import uvicorn
 
 from epochsvc import logs
 from epochsvc.service.app import create_app, resolve_tokens
+from epochsvc.service.headers import bounded
 from epochsvc.service.settings import Settings
 from epochsvc.service.store import StoreUnavailable, open_store
 from epochsvc.service.store.sql import describe_url
@@ -63,6 +64,7 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
         log_level=level,
         access_log=level == "debug",
         timeout_graceful_shutdown=5,
+        http=bounded(settings.max_header_bytes),
     )
     server = _AnnouncingServer(config)
     server.announce = (

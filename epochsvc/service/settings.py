@@ -29,4 +29,6 @@ class Settings(BaseSettings):
     # sharing one PostgreSQL are seen even without an in-process notification.
     poll_interval_seconds: float = Field(default=1.0, gt=0)
     max_body_bytes: int = Field(default=16 * 1024, gt=0)
+    # A longer request head (request line and headers) gets 431 before it is buffered.
+    max_header_bytes: int = Field(default=16 * 1024, gt=0)
     log_level: str = "info"
