@@ -26,6 +26,10 @@ from mcp_epoch.contract import MAX_WAIT_SECONDS
 log = logging.getLogger(__name__)
 
 
+class CredentialsRefused(RuntimeError):
+    """The epoch service answered 401/403: retrying will not help until someone acts."""
+
+
 class LiveEpochView:
     """Follows ``GET /v1/servers/{ns}/{server}/epochs?since=&wait=`` in the background."""
 
@@ -56,6 +60,8 @@ class LiveEpochView:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self.last_error: str | None = None
+        #: True while the service refuses this replica's credentials (a safety path: loud).
+        self.refused = False
         self.last_sync: float | None = None  # monotonic time of the last good answer
 
     @classmethod
@@ -97,6 +103,12 @@ class LiveEpochView:
         if since is not None:
             params = [("since", since), ("wait", self._wait)]
         resp = await client.get(self._url, params=params, headers=self._headers)
+        if resp.status_code in (401, 403):
+            raise CredentialsRefused(
+                f"the epoch service refused this replica's credentials ({resp.status_code}): "
+                "this process keeps its last copy of the ledger and cannot learn of new or "
+                "retired epochs; check MCP_EPOCH_SERVICE_TOKEN (the replica token)"
+            )
         if resp.status_code != 200:
             raise RuntimeError(f"epoch list answered {resp.status_code}: {resp.text[:200]}")
         return EpochSnapshot.from_json(resp.json())
@@ -110,6 +122,17 @@ class LiveEpochView:
             while True:
                 try:
                     snap = await self.poll_once(client, since)
+                except CredentialsRefused as exc:
+                    if not self.refused:  # loud once per outage, not once per retry
+                        log.error("%s", exc)
+                    with self._changed:
+                        self.refused = True
+                        self.last_error = str(exc)
+                        self._changed.notify_all()
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self._max_backoff)
+                    since = None
+                    continue
                 except (httpx.HTTPError, RuntimeError, ValueError) as exc:
                     self.last_error = repr(exc)
                     log.debug("epoch view poll failed: %r", exc)
@@ -118,6 +141,9 @@ class LiveEpochView:
                     since = None  # the service may have come back as another ledger
                     continue
                 backoff = self._min_backoff
+                if self.refused:
+                    log.warning("the epoch service accepts this replica's credentials again")
+                    self.refused = False
                 if since is not None and snap.revision == since and snap == self._snapshot:
                     continue  # long poll timed out with no change
                 self._publish(snap)

@@ -127,3 +127,19 @@ def test_foreign_cursor_reasons_follow_the_ledger_and_zombies_refuse(
     assert r.status_code == 404 and r.headers["mcp-resumption-rejected"] == "retired"
     # Never-issued epochs of this ledger are "unknown".
     assert _reject_reason(sb, f"{eb.split('-')[0]}-999.0:1", "unknown") == "unknown"
+
+
+def test_refused_credentials_are_loud_and_remembered(
+    epoch_service: EpochService, caplog: Any
+) -> None:
+    svc = epoch_service
+    view = LiveEpochView(svc.url, "ns", "srv", "not-the-token", wait=1.0, max_backoff=0.2)
+    with caplog.at_level("ERROR", logger="mcp_epoch._internal.liveview"):
+        view.start()
+        try:
+            assert view.wait_for(lambda _: view.refused, 10)
+        finally:
+            view.stop()
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors and "MCP_EPOCH_SERVICE_TOKEN" in errors[0]
+    assert view.snapshot.ledger_id is None  # nothing was taken from a refused answer
