@@ -15,7 +15,12 @@ from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.metrics import Metrics
 from epochsvc.service.settings import Settings
 from epochsvc.service.store.base import EpochStore, UnknownEpoch
-from mcp_epoch.contract import PodEpoch, ProcessEpoch, parse_epoch
+from mcp_epoch.contract import (
+    POD_EPOCH_PATTERN,
+    PodEpoch,
+    ProcessEpoch,
+    parse_epoch,
+)
 
 
 async def get_store(request: Request) -> EpochStore:
@@ -43,7 +48,17 @@ Config = Annotated[Settings, Depends(get_settings)]
 Notifier = Annotated[ChangeNotifier, Depends(get_notifier)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
-EpochPath = Annotated[str, Path(max_length=64, description="a pod epoch, e.g. 9f2c1a7e-42")]
+# The pattern is documentation (OpenAPI): a malformed epoch still gets this service's own
+# 422 ``malformed-epoch`` from ``parse_any_epoch``, not the framework's validation error.
+EpochPath = Annotated[
+    str,
+    Path(
+        max_length=64,
+        description="a pod epoch (9f2c1a7e-42) or, where a lookup allows it, a process epoch "
+        "(9f2c1a7e-42.0)",
+        json_schema_extra={"pattern": f"^{POD_EPOCH_PATTERN}(\\.[0-9]+)?$"},
+    ),
+]
 
 
 async def json_body(request: Request) -> None:

@@ -300,3 +300,16 @@ def test_second_process_on_one_sqlite_ledger_is_refused(
     service_factory(sqlite_url)
     with pytest.raises(RuntimeError, match="another epoch service process is using the ledger"):
         service_factory(sqlite_url)
+
+
+def test_openapi_documents_the_repeat_and_the_epoch_pattern(svc: EpochServiceProcess) -> None:
+    import re
+
+    with svc.client() as c:
+        spec = c.get("/openapi.json").json()
+    issue = spec["paths"]["/v1/epochs"]["post"]["responses"]
+    assert {"200", "201", "422"} <= set(issue)
+    (param,) = spec["paths"]["/v1/epochs/{epoch}"]["get"]["parameters"]
+    pattern = re.compile(param["schema"]["pattern"])
+    assert pattern.match("9f2c1a7e-42") and pattern.match("9f2c1a7e-42.0")
+    assert not pattern.match("9f2c1a7e-042") and not pattern.match("x-1")

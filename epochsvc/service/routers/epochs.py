@@ -35,7 +35,12 @@ router = APIRouter(
 )
 
 
-@router.post("", response_model=Epoch, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    response_model=Epoch,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": Epoch, "description": "a repeat: this request_uid's epoch"}},
+)
 async def issue_epoch(
     body: IssueRequest,
     response: Response,
