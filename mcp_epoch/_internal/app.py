@@ -11,7 +11,6 @@ This module imports ``mcp``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
@@ -19,7 +18,16 @@ from typing import Any, Protocol
 import anyio
 
 from mcp_epoch._internal.config import ReplicaConfig
-from mcp_epoch._internal.guard import ASGIApp, Message, Receive, ResumptionGuard, Scope, Send
+from mcp_epoch._internal.guard import (
+    ASGIApp,
+    Message,
+    Receive,
+    ResumptionGuard,
+    Scope,
+    Send,
+    error_body,
+    respond,
+)
 from mcp_epoch._internal.liveview import LiveEpochView
 from mcp_epoch._internal.process import ProcessStart, start_process_epoch
 from mcp_epoch._internal.store import NOT_STARTED, EpochEventStore
@@ -30,6 +38,7 @@ log = logging.getLogger("mcp_epoch")
 #: How long start-up waits for the first copy of the ledger. Serving before it would refuse
 #: every foreign cursor as ``unknown``: safe, but the wrong reason.
 FIRST_SYNC_TIMEOUT = 3.0
+INTERNAL_ERROR = -32603
 
 
 class StreamableServer(Protocol):
@@ -100,7 +109,7 @@ class EpochSafeApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self.store.bound:
-            await _not_started(send)
+            await respond(send, 503, error_body(NOT_STARTED, code=INTERNAL_ERROR))
             return
         if scope["type"] != "lifespan":
             await self._guard(scope, receive, send)
@@ -115,14 +124,6 @@ class EpochSafeApp:
             return message
 
         await self._guard(scope, lifespan_receive, send)
-
-
-async def _not_started(send: Send) -> None:
-    error = {"code": -32603, "message": NOT_STARTED}
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def epoch_safe_app(server: StreamableServer, **options: Any) -> EpochSafeApp:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Final, Protocol
 
 from mcp_epoch._internal.decision import ReplayPlan
@@ -48,14 +48,20 @@ class ResumeAuthority(Protocol):
     def is_zombie(self) -> bool: ...
 
 
-def _error_body(message: str, data: dict[str, Any] | None = None) -> bytes:
-    error: dict[str, Any] = {"code": INVALID_REQUEST, "message": message}
+def error_body(
+    message: str, data: dict[str, Any] | None = None, code: int = INVALID_REQUEST
+) -> bytes:
+    """A JSON-RPC error with no id: what the guard answers instead of the SDK."""
+    error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
         error["data"] = data
     return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
 
 
-async def _respond(send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]]) -> None:
+async def respond(
+    send: Send, status: int, body: bytes, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """A complete JSON answer, sent by the guard itself."""
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -69,8 +75,8 @@ async def _respond(send: Send, status: int, body: bytes, extra: list[tuple[bytes
 async def send_rejection(send: Send, reason: Reason, detail: str = "") -> None:
     """404 + ``Mcp-Resumption-Rejected``: the client must start a fresh session."""
     data = {"reason": reason, **({"detail": detail} if detail else {})}
-    body = _error_body(f"Resumption rejected ({reason}): start a new session", data)
-    await _respond(send, 404, body, [(REJECTED_HEADER.encode(), reason.encode())])
+    body = error_body(f"Resumption rejected ({reason}): start a new session", data)
+    await respond(send, 404, body, [(REJECTED_HEADER.encode(), reason.encode())])
 
 
 class ResumptionGuard:
@@ -124,7 +130,7 @@ class ResumptionGuard:
         try:
             self.store.decide(cursor, tag)
         except ValueError as exc:
-            await _respond(send, 400, _error_body(f"Malformed Last-Event-ID: {exc}"), [])
+            await respond(send, 400, error_body(f"Malformed Last-Event-ID: {exc}"))
             return False
         except ResumptionRejected as exc:
             log.info("resumption rejected: %s", exc)

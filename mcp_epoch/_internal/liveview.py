@@ -87,6 +87,14 @@ class LiveEpochView:
             self.last_error = None
             self._changed.notify_all()
 
+    def _refused(self, exc: CredentialsRefused) -> None:
+        if not self.refused:  # loud once per outage, not once per retry
+            log.error("%s", exc)
+        with self._changed:
+            self.refused = True
+            self.last_error = str(exc)
+            self._changed.notify_all()
+
     def wait_for(self, predicate: Callable[[EpochSnapshot], bool], timeout: float) -> bool:
         """Block a thread (not the event loop) until ``predicate(snapshot)`` holds."""
         deadline = time.monotonic() + timeout
@@ -122,20 +130,12 @@ class LiveEpochView:
             while True:
                 try:
                     snap = await self.poll_once(client, since)
-                except CredentialsRefused as exc:
-                    if not self.refused:  # loud once per outage, not once per retry
-                        log.error("%s", exc)
-                    with self._changed:
-                        self.refused = True
-                        self.last_error = str(exc)
-                        self._changed.notify_all()
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self._max_backoff)
-                    since = None
-                    continue
                 except (httpx.HTTPError, RuntimeError, ValueError) as exc:
-                    self.last_error = repr(exc)
-                    log.debug("epoch view poll failed: %r", exc)
+                    if isinstance(exc, CredentialsRefused):
+                        self._refused(exc)
+                    else:
+                        self.last_error = repr(exc)
+                        log.debug("epoch view poll failed: %r", exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self._max_backoff)
                     since = None  # the service may have come back as another ledger

@@ -54,9 +54,6 @@ class Followers:
     def __bool__(self) -> bool:
         return bool(self._waiting)
 
-    def __len__(self) -> int:
-        return sum(len(v) for v in self._waiting.values())
-
     def wake(self, key: StreamKey) -> None:
         for event in self._waiting.pop(key, ()):
             event.set()
