@@ -73,20 +73,24 @@ class EpochServiceClient:
         deadline = time.monotonic() + policy.deadline
         backoff = policy.first_backoff
         last = "no attempt made"
+        attempts = 0
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise EpochServiceUnavailable(last)
+                raise EpochServiceUnavailable(
+                    f"{last} ({attempts} attempts in {policy.deadline:g}s)"
+                )
+            timeout = min(policy.attempt_timeout, remaining)
+            attempts += 1
             try:
                 response = await self._client.request(
-                    method,
-                    path,
-                    json=json,
-                    params=params,
-                    timeout=min(policy.attempt_timeout, remaining),
+                    method, path, json=json, params=params, timeout=timeout
                 )
             except httpx.TimeoutException:
-                last = f"no answer within {policy.attempt_timeout:g}s"
+                # An attempt cut short by the deadline says nothing new about the
+                # service: keep the cause an earlier, full attempt found.
+                if timeout == policy.attempt_timeout or attempts == 1:
+                    last = f"no answer within {timeout:g}s"
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import time
 
 import pytest
@@ -72,6 +73,23 @@ async def test_unreachable_service_fails_within_the_deadline() -> None:
     finally:
         await client.aclose()
     assert time.monotonic() - began < 2.0
+
+
+async def test_a_silent_service_is_named_as_silent() -> None:
+    # A listening socket nobody accepts from: connects succeed, answers never come.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        client = EpochServiceClient(f"http://127.0.0.1:{port}", "t")
+        policy = RetryPolicy(deadline=1.0, attempt_timeout=0.4, first_backoff=0.05)
+        try:
+            with pytest.raises(
+                EpochServiceUnavailable, match=r"no answer within 0.4s \(\d+ attempts"
+            ):
+                await client.issue("ns", "echo", "req-1", policy=policy)
+        finally:
+            await client.aclose()
 
 
 async def test_a_restarted_service_is_reached_by_retries(
