@@ -4,7 +4,8 @@ A server on the official MCP Python SDK adopts it in one line::
 
     app = mcp_epoch.epoch_safe_app(mcp)  # serve `app` instead of mcp.streamable_http_app()
 
-and a client that wants rejections handled for it uses :class:`EpochClient`. The names every
+served with :func:`serve` (uvicorn, draining on SIGTERM), and a client that wants rejections
+handled for it uses :class:`EpochClient`. The names every
 part agrees on (environment, labels, states, token formats) are in :mod:`mcp_epoch.contract`.
 Everything else is private. ``import mcp_epoch`` needs only ``httpx`` and ``anyio``; the names
 that need the ``mcp`` extra load on first use.
@@ -21,18 +22,27 @@ from mcp_epoch.contract import Reason
 if TYPE_CHECKING:
     from mcp_epoch._internal.app import EpochSafeApp, epoch_safe_app
     from mcp_epoch._internal.client import EpochClient
+    from mcp_epoch._internal.serve import serve
 
 try:
     __version__ = version("mcp-epoch")
 except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["EpochClient", "EpochSafeApp", "Reason", "ResumptionRejected", "epoch_safe_app"]
+__all__ = [
+    "EpochClient",
+    "EpochSafeApp",
+    "Reason",
+    "ResumptionRejected",
+    "epoch_safe_app",
+    "serve",
+]
 
 _LAZY = {
     "EpochSafeApp": "mcp_epoch._internal.app",
     "epoch_safe_app": "mcp_epoch._internal.app",
     "EpochClient": "mcp_epoch._internal.client",
+    "serve": "mcp_epoch._internal.serve",
 }
 
 

@@ -38,6 +38,11 @@ EPOCH_ANNOTATION: Final = f"{GROUP}/epoch"
 #: Pod annotations that size the replay buffer of a plain (non-McpServer) Deployment's pods.
 WINDOW_ANNOTATION: Final = f"{GROUP}/reconnect-window-seconds"
 RATE_ANNOTATION: Final = f"{GROUP}/events-per-second"
+#: Pod annotations of a plain Deployment's pods: the port the MCP server serves on (default:
+#: the first container port), and how long a draining process may finish its calls.
+PORT_ANNOTATION: Final = f"{GROUP}/port"
+DRAIN_ANNOTATION: Final = f"{GROUP}/drain-seconds"
+PRESTOP_ANNOTATION: Final = f"{GROUP}/prestop-seconds"
 
 # --- the environment of an epoch-managed container --------------------------------------------
 
@@ -49,6 +54,7 @@ ENV_SERVER: Final = "MCP_SERVER_NAME"
 ENV_POD_NAME: Final = "MCP_POD_NAME"
 ENV_POD_UID: Final = "MCP_POD_UID"
 ENV_BUFFER: Final = "MCP_RESUME_BUFFER_EVENTS"
+ENV_DRAIN: Final = "MCP_EPOCH_DRAIN_SECONDS"
 #: Every variable the operator injects (the CRD forbids them in ``spec.env``).
 INJECTED_ENV: Final = (
     ENV_EPOCH,
@@ -59,6 +65,7 @@ INJECTED_ENV: Final = (
     ENV_POD_NAME,
     ENV_POD_UID,
     ENV_BUFFER,
+    ENV_DRAIN,
 )
 
 # --- the lifecycle of a pod epoch ---------------------------------------------------------------
@@ -75,6 +82,16 @@ REJECTED_HEADER: Final = "mcp-resumption-rejected"
 Reason = Literal["gap", "live-elsewhere", "draining", "retired", "unknown"]
 REASONS: Final[tuple[Reason, ...]] = ("gap", "live-elsewhere", "draining", "retired", "unknown")
 
+# --- forwarding to a session's owner -------------------------------------------------------------
+#: Request header of a forwarded request: the process epoch it is meant for. The receiver serves
+#: it only if that is its own epoch, and never forwards it again (a hop limit of one).
+FORWARDED_TO_HEADER: Final = "mcp-epoch-forwarded-to"
+#: Response header the forwarding replica adds: the process epoch that really answered.
+FORWARDED_BY_HEADER: Final = "mcp-epoch-forwarded-by"
+#: Session IDs minted through the guard: ``<process epoch>_<32 hex digits>`` (visible ASCII, as
+#: the Streamable HTTP transport requires; the hex part is the SDK's own unguessable ID).
+SESSION_SEPARATOR: Final = "_"
+
 # --- defaults -----------------------------------------------------------------------------------
 
 #: Replay buffer: reconnect window (s) x event rate (events/s), e.g. 30 s x 100/s.
@@ -83,6 +100,11 @@ DEFAULT_EVENTS_PER_SECOND: Final = 100
 DEFAULT_BUFFER_EVENTS: Final = DEFAULT_RECONNECT_WINDOW_SECONDS * DEFAULT_EVENTS_PER_SECOND
 #: The operator never sizes a buffer beyond this (the CRD refuses larger products).
 MAX_OPERATOR_BUFFER_EVENTS: Final = 1_000_000
+#: Graceful drain: a draining process finishes its calls within this many seconds; the pod's
+#: preStop hook waits first, so the endpoints are updated before SIGTERM arrives.
+DEFAULT_DRAIN_SECONDS: Final = 25
+DEFAULT_PRESTOP_SECONDS: Final = 3
+DEFAULT_MIN_READY_SECONDS: Final = 3
 #: The longest long poll the service holds open (a replica never asks for more).
 MAX_WAIT_SECONDS: Final = 55.0
 

@@ -22,6 +22,15 @@ PodName = Annotated[
     ),
 ]
 Uid = Annotated[str, StringConstraints(pattern=rf"^{UID_PATTERN}$", max_length=128)]
+# host:port of a pod: an IPv4 address or DNS name, or a bracketed IPv6 address; port 1-65535.
+Address = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9]([-A-Za-z0-9.]{0,251}[A-Za-z0-9])?)"
+        r":([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$",
+        max_length=300,
+    ),
+]
 
 
 class _Strict(BaseModel):
@@ -37,6 +46,11 @@ class IssueRequest(_Strict):
 class BindRequest(_Strict):
     pod_name: PodName
     pod_uid: Uid
+    address: Address | None = Field(
+        default=None,
+        description="where the pod serves (podIP:port, from the API server); a repeated bind "
+        "of the same pod records it once the pod has an IP",
+    )
 
 
 class IncarnationRequest(_Strict):
@@ -55,6 +69,9 @@ class Epoch(BaseModel):
     incarnation: int | None = Field(description="the newest incarnation, or null")
     process_epoch: str | None = Field(description="the newest process epoch, or null")
     revision: int = Field(description="the ledger revision of this epoch's last change")
+    address: str | None = Field(
+        default=None, description="host:port the pod serves on, for forwarding; or null"
+    )
     created_at: float
     updated_at: float
 
@@ -72,6 +89,7 @@ class Epoch(BaseModel):
             incarnation=r.incarnation,
             process_epoch=r.process_epoch,
             revision=r.revision,
+            address=r.address,
             created_at=r.created_at,
             updated_at=r.updated_at,
             **extra,

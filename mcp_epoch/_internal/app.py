@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
@@ -28,6 +30,7 @@ from mcp_epoch._internal.guard import (
     error_body,
     respond,
 )
+from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.liveview import LiveEpochView
 from mcp_epoch._internal.process import ProcessStart, start_process_epoch
 from mcp_epoch._internal.store import NOT_STARTED, EpochEventStore
@@ -48,6 +51,15 @@ class StreamableServer(Protocol):
     def streamable_http_app(self) -> Callable[..., Any]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """What a drain waited for: calls in flight when it began, left at its end, and its time."""
+
+    in_flight: int
+    abandoned: int
+    seconds: float
+
+
 class EpochSafeApp:
     """The ASGI app :func:`epoch_safe_app` returns; serve it like the SDK's own app."""
 
@@ -61,9 +73,12 @@ class EpochSafeApp:
     ) -> None:
         self.config = ReplicaConfig.from_env(env)
         self.view = LiveEpochView.from_config(self.config)
-        self.store = EpochEventStore(capacity=self.config.buffer_events, view=self.view)
+        self.inflight = InFlight()
+        self.store = EpochEventStore(
+            capacity=self.config.buffer_events, view=self.view, inflight=self.inflight
+        )
         inner: ASGIApp = server.streamable_http_app(event_store=self.store, **http_app_options)
-        self._guard = ResumptionGuard(inner, self.store)
+        self._guard = ResumptionGuard(inner, self.store, inflight=self.inflight)
         self._first_sync_timeout = first_sync_timeout
         self.process_start: ProcessStart | None = None
 
@@ -93,8 +108,42 @@ class EpochSafeApp:
                 self.view.last_error,
             )
 
+    @property
+    def forwarded(self) -> int:
+        """Requests this process handed to their owners so far."""
+        return self._guard.forwarder.forwarded
+
+    @property
+    def draining(self) -> bool:
+        return self._guard.is_draining()
+
+    async def drain(self, deadline: float | None = None) -> DrainResult:
+        """Take no new sessions or calls, and wait until the calls in flight are delivered.
+
+        ``deadline`` defaults to ``MCP_EPOCH_DRAIN_SECONDS``. New sessions go to a live peer
+        (or are served here when there is none); new calls on this process's sessions are
+        rejected before they start, so clients move to a fresh session. Returns what was
+        left in flight at the deadline (0 after a clean drain).
+        """
+        limit = self.config.drain_seconds if deadline is None else deadline
+        self._guard.draining = True
+        began = time.monotonic()
+        waiting = len(self.inflight)
+        log.info("draining: %d calls in flight, at most %.0fs", waiting, limit)
+        with anyio.move_on_after(limit):
+            await self.inflight.wait_idle()
+        result = DrainResult(waiting, len(self.inflight), time.monotonic() - began)
+        if result.abandoned:
+            log.warning(
+                "drain deadline of %.0fs passed with %d calls in flight", limit, result.abandoned
+            )
+        else:
+            log.info("drained in %.2fs (%d calls finished)", result.seconds, waiting)
+        return result
+
     async def close(self) -> None:
-        """Stop following the ledger."""
+        """Stop following the ledger and forwarding."""
+        await self._guard.forwarder.aclose()
         if self.view is not None:
             await anyio.to_thread.run_sync(self.view.stop)
 

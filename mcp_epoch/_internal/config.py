@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from mcp_epoch._internal.buffer import check_capacity
 from mcp_epoch.contract import (
     DEFAULT_BUFFER_EVENTS,
+    DEFAULT_DRAIN_SECONDS,
     ENV_BUFFER,
+    ENV_DRAIN,
     ENV_EPOCH,
     ENV_NAMESPACE,
     ENV_POD_NAME,
@@ -31,6 +33,20 @@ def capacity_from_env(env: Mapping[str, str] | None = None) -> int:
     return check_capacity(int(text))
 
 
+def drain_from_env(env: Mapping[str, str]) -> float:
+    """Read ``MCP_EPOCH_DRAIN_SECONDS`` (a bad value fails loudly, as for the buffer)."""
+    raw = _get(env, ENV_DRAIN)
+    if raw is None:
+        return float(DEFAULT_DRAIN_SECONDS)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_DRAIN}={raw!r} is not a number of seconds") from None
+    if not 0 <= value <= 3600:
+        raise ValueError(f"{ENV_DRAIN}={raw!r} is outside 0..3600 seconds")
+    return value
+
+
 def _get(env: Mapping[str, str], key: str) -> str | None:
     value = env.get(key)
     return value.strip() or None if value is not None else None
@@ -46,6 +62,7 @@ class ReplicaConfig:
     pod_name: str | None
     pod_uid: str | None
     buffer_events: int
+    drain_seconds: float = float(DEFAULT_DRAIN_SECONDS)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ReplicaConfig:
@@ -60,6 +77,7 @@ class ReplicaConfig:
             pod_name=_get(e, ENV_POD_NAME),
             pod_uid=_get(e, ENV_POD_UID),
             buffer_events=capacity_from_env(e),
+            drain_seconds=drain_from_env(e),
         )
 
     def auth_headers(self) -> dict[str, str]:

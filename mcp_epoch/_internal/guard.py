@@ -1,11 +1,14 @@
-"""``ResumptionGuard``: ASGI middleware that applies the resume decision before the SDK does.
+"""``ResumptionGuard``: ASGI middleware in front of the SDK that routes and decides each request.
 
 Left alone, the SDK answers an unknown ``Last-Event-ID`` with an empty 200 stream (the client
 waits forever) and a failing store with a 500 (the client retries the same dead cursor). The
 guard answers instead: 400 for a malformed cursor, and for a rejected one a 404, which makes
 spec-following clients re-initialize, with a JSON-RPC error whose ``data.reason`` says why and a
-``Mcp-Resumption-Rejected`` header. It also tags every request with its session (see
-:mod:`mcp_epoch._internal.sessions`) and, when this process is a zombie, refuses new sessions.
+``Mcp-Resumption-Rejected`` header. Session IDs carry their owner's epoch
+(:mod:`mcp_epoch._internal.sessionid`), so a request of another live or draining process's
+session is forwarded to it (:mod:`mcp_epoch._internal.forward`) rather than rejected. It also
+tags every request with its session (see :mod:`mcp_epoch._internal.sessions`), counts the calls
+in flight for a graceful drain, and, when this process is a zombie, refuses new sessions.
 Requests of the 2026-07-28 revision (no sessions, no resumption) pass through untouched.
 This module does not import ``mcp``.
 """
@@ -17,12 +20,29 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Final, Protocol
 
-from mcp_epoch._internal.decision import ReplayPlan
+from mcp_epoch._internal.decision import ReplayPlan, classify
 from mcp_epoch._internal.errors import Reason, ResumptionRejected
 from mcp_epoch._internal.eventid import EventId
+from mcp_epoch._internal.forward import (
+    MISDIRECTED,
+    Forwarder,
+    OwnerLost,
+    OwnerUnreachable,
+    Route,
+    live_peers,
+    route_to,
+)
+from mcp_epoch._internal.inflight import InFlight, requests_in
 from mcp_epoch._internal.resume import ResumeState, current_resume
+from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
-from mcp_epoch.contract import REJECTED_HEADER
+from mcp_epoch._internal.snapshot import EpochSnapshot
+from mcp_epoch.contract import (
+    FORWARDED_TO_HEADER,
+    REJECTED_HEADER,
+    SESSION_SEPARATOR,
+    ProcessEpoch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +58,17 @@ PROTOCOL_HEADER: Final = b"mcp-protocol-version"
 # Revisions with sessions and Last-Event-ID resumption (no header: the spec's default, 2025-03-26).
 RESUMABLE_REVISIONS: Final = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
 INVALID_REQUEST: Final = -32600
+#: Larger POST bodies get 413; an MCP message is far smaller (the SDK sets no limit itself).
+MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 
 
 class ResumeAuthority(Protocol):
     """What the guard needs from the store (``EpochEventStore`` satisfies it)."""
+
+    @property
+    def epoch(self) -> ProcessEpoch: ...
+
+    def snapshot(self) -> EpochSnapshot: ...
 
     def decide(self, cursor: str | EventId, owner: SessionTag | None) -> ReplayPlan: ...
 
@@ -80,12 +107,37 @@ async def send_rejection(send: Send, reason: Reason, detail: str = "") -> None:
 
 
 class ResumptionGuard:
-    """Wrap the SDK's Streamable HTTP ASGI app: ``ResumptionGuard(app, store)``."""
+    """Wrap the SDK's Streamable HTTP ASGI app: ``ResumptionGuard(app, store)``.
 
-    def __init__(self, app: ASGIApp, store: ResumeAuthority) -> None:
+    Per request it decides, in this order: a forwarded request meant for another process is
+    refused (421); a request whose session or cursor belongs to another process goes to that
+    owner if the ledger says it is live or draining (:mod:`mcp_epoch._internal.forward`), and
+    is rejected otherwise; a new session on a draining process goes to a live peer; a new call
+    on a draining process's own session is rejected before it starts; the rest is served here.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        store: ResumeAuthority,
+        *,
+        inflight: InFlight | None = None,
+        forwarder: Forwarder | None = None,
+    ) -> None:
         self.app = app
         self.store = store
         self.sessions = SessionRegistry()
+        self.inflight = inflight if inflight is not None else InFlight()
+        self.forwarder = forwarder if forwarder is not None else Forwarder()
+        #: Set when this process drains (SIGTERM); the ledger saying ``draining`` counts too.
+        self.draining = False
+
+    def is_draining(self) -> bool:
+        if self.draining:
+            return True
+        view = self.store.snapshot()
+        rec = view.epochs.get(str(self.store.epoch.pod))
+        return rec is not None and rec.state == "draining"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -98,54 +150,148 @@ class ResumptionGuard:
         if revision is not None and revision.decode("latin-1") not in RESUMABLE_REVISIONS:
             await self.app(scope, receive, send)  # 2026-07-28 and later: not ours
             return
-
-        raw_sid = headers.get(SESSION_HEADER)
-        sid = None if raw_sid is None else raw_sid.decode("latin-1")
-        tag = None if sid is None else self.sessions.get(sid)
-        method = scope.get("method")
-        cursor = headers.get(LAST_EVENT_ID_HEADER)
-        resuming = method == "GET" and bool(cursor)
-
-        if resuming:
-            assert cursor is not None
-            if not await self._admit_resumption(cursor.decode("latin-1"), tag, send):
-                return
-        elif sid is None and method == "POST" and self.store.is_zombie():
-            await send_rejection(send, "retired", "this process's epoch is retired")
+        own = self.store.epoch
+        forwarded_to = headers.get(FORWARDED_TO_HEADER.encode())
+        if forwarded_to is not None and forwarded_to.decode("latin-1") != str(own):
+            body = error_body(f"this is process {own}, not {forwarded_to.decode('latin-1')!r}")
+            await respond(send, MISDIRECTED, body)
             return
 
+        method = scope.get("method")
+        raw_cursor = headers.get(LAST_EVENT_ID_HEADER)
+        cursor: EventId | None = None
+        if method == "GET" and raw_cursor:
+            try:
+                cursor = EventId.decode(raw_cursor.decode("latin-1"))
+            except ValueError as exc:
+                await respond(send, 400, error_body(f"Malformed Last-Event-ID: {exc}"))
+                return
+        raw_sid = headers.get(SESSION_HEADER)
+        sid: SessionId | None = None
+        if raw_sid is not None:
+            try:
+                sid = SessionId.decode(raw_sid.decode("latin-1"))
+            except ValueError as exc:
+                await send_rejection(send, "unknown", str(exc))
+                return
+
+        owner = sid.owner if sid is not None else cursor.epoch if cursor is not None else None
+        if owner is not None and owner != own:
+            await self._to_owner(scope, receive, send, owner, forwarded=forwarded_to is not None)
+            return
+        if sid is None and method == "POST":
+            if self.store.is_zombie():
+                await send_rejection(send, "retired", "this process's epoch is retired")
+                return
+            if forwarded_to is None and self.is_draining():
+                peer = self.forwarder.pick(live_peers(self.store.snapshot(), own))
+                if peer is not None and await self._forward(scope, receive, send, peer):
+                    return  # a live peer took the new session
+        await self._serve(scope, receive, send, sid, cursor, method)
+
+    async def _to_owner(
+        self, scope: Scope, receive: Receive, send: Send, owner: ProcessEpoch, *, forwarded: bool
+    ) -> None:
+        view = self.store.snapshot()
+        route = None if forwarded else route_to(view, owner)  # hop limit: one
+        if route is not None and await self._forward(scope, receive, send, route):
+            return
+        # The ledger says the owner lives but it did not answer at its address: for the client
+        # that is a process that is gone.
+        reason: Reason = "retired" if route is not None else classify(view, owner)
+        log.info("request for session of %s rejected: %s", owner, reason)
+        await send_rejection(send, reason, f"the session's process {owner} is not here")
+
+    async def _forward(
+        self, scope: Scope, receive: Receive, send: Send, route: Route, body: bytes | None = None
+    ) -> bool:
+        """True when the owner answered (the answer went to the client); False: unreachable."""
+        try:
+            await self.forwarder.forward(scope, receive, send, route, body=body)
+        except OwnerUnreachable as exc:
+            log.warning("owner unreachable, rejecting instead: %s", exc)
+            return False
+        except OwnerLost as exc:
+            body_ = error_body(f"the owning process {route.epoch} went away: {exc}")
+            await respond(send, 502, body_)
+        return True
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        sid: SessionId | None,
+        cursor: EventId | None,
+        method: str | None,
+    ) -> None:
+        tag = None if sid is None else self.sessions.get(sid.local)
+        streams: list[str] = []  # the request streams whose clean end may deliver a call
+        if cursor is not None:
+            plan = await self._admit_resumption(cursor, tag, send)
+            if plan is None:
+                return
+            streams.append(plan.stream_id)
+        calls: list[str] = []
+        if method == "POST":
+            buffered = await _buffered(receive)
+            if buffered is None:
+                await respond(send, 413, error_body(f"request body over {MAX_BODY_BYTES} bytes"))
+                return
+            body, receive = buffered
+            calls, cancelled = requests_in(body)
+            if calls and sid is not None and self.is_draining():
+                await send_rejection(
+                    send,
+                    "retired",
+                    "this process is draining: the call was not started, start a new session",
+                )
+                return
+            for rid in cancelled:
+                self.inflight.forget((tag, rid))
         fresh = tag is None and sid is None
         if fresh:
             tag = SessionTag()
-        resume = ResumeState() if resuming else None
+        assert tag is not None or sid is not None
+        for rid in calls:
+            self.inflight.started((tag, rid))
+        if sid is not None:
+            scope = dict(scope, headers=_with_session(scope["headers"], sid.local))
+        resume = ResumeState() if cursor is not None else None
         token = current_session.set(tag)
         resume_token = current_resume.set(resume)
+        wrapped = self._wrap_send(send, tag, fresh, resume, streams + calls)
         try:
-            await self.app(scope, receive, self._wrap_send(send, tag if fresh else None, resume))
+            await self.app(scope, receive, wrapped)
         finally:
             current_resume.reset(resume_token)
             current_session.reset(token)
+        if method == "DELETE" and tag is not None:
+            self.inflight.forget_session(tag)
 
-    async def _admit_resumption(self, cursor: str, tag: SessionTag | None, send: Send) -> bool:
+    async def _admit_resumption(
+        self, cursor: EventId, tag: SessionTag | None, send: Send
+    ) -> ReplayPlan | None:
         try:
-            self.store.decide(cursor, tag)
-        except ValueError as exc:
-            await respond(send, 400, error_body(f"Malformed Last-Event-ID: {exc}"))
-            return False
+            return self.store.decide(cursor, tag)
         except ResumptionRejected as exc:
             log.info("resumption rejected: %s", exc)
             await send_rejection(send, exc.reason, exc.detail)
-            return False
         except Exception:
             # A failing decision must not become a 500 the client would retry forever.
             log.exception("resume decision failed; rejecting")
             await send_rejection(send, "unknown", "the server could not check the cursor")
-            return False
-        return True
+        return None
 
-    def _wrap_send(self, send: Send, fresh: SessionTag | None, resume: ResumeState | None) -> Send:
-        if fresh is None and resume is None:
-            return send
+    def _wrap_send(
+        self,
+        send: Send,
+        tag: SessionTag | None,
+        fresh: bool,
+        resume: ResumeState | None,
+        streams: list[str],
+    ) -> Send:
+        own = str(self.store.epoch)
         swallowing = False
 
         async def wrapped(message: Message) -> None:
@@ -156,19 +302,77 @@ class ResumptionGuard:
                     swallowing = True
                     await send_rejection(send, "unknown", "the server could not replay")
                     return
-                if fresh is not None:
-                    for key, value in message.get("headers", ()):
-                        if bytes(key).lower() == SESSION_HEADER:
-                            self.sessions.bind(bytes(value).decode("latin-1"), fresh)
-                            break
+                message = dict(message, headers=self._outgoing(message, tag, fresh, own))
             elif swallowing:
                 return
-            elif resume is not None and resume.broken and not message.get("more_body", False):
-                # Never end a resumed stream that lost events as if it were complete: without
-                # its last chunk the server closes the connection, and the client reconnects
-                # from the cursor it really has (and is told ``gap``).
-                log.warning("resumed stream overtaken by eviction; aborting its connection")
+            elif not message.get("more_body", False):
+                if resume is not None and resume.broken:
+                    # Never end a resumed stream that lost events as if it were complete:
+                    # without its last chunk the server closes the connection, and the client
+                    # reconnects from the cursor it really has (and is told ``gap``).
+                    log.warning("resumed stream overtaken by eviction; aborting its connection")
+                    return
+                await send(message)
+                for rid in streams:
+                    self.inflight.stream_ended((tag, rid))
                 return
             await send(message)
 
         return wrapped
+
+    def _outgoing(
+        self, start: Message, tag: SessionTag | None, fresh: bool, own: str
+    ) -> list[tuple[bytes, bytes]]:
+        """Response headers with the session ID shown as ``<own epoch>_<SDK id>``."""
+        out = []
+        for key, value in start.get("headers", ()):
+            if bytes(key).lower() == SESSION_HEADER:
+                local = bytes(value).decode("latin-1")
+                if fresh and tag is not None:
+                    self.sessions.bind(local, tag)
+                value = f"{own}{SESSION_SEPARATOR}{local}".encode("latin-1")
+            out.append((key, value))
+        return out
+
+
+def _with_session(headers: Sequence[tuple[bytes, bytes]], local: str) -> list[tuple[bytes, bytes]]:
+    """The request's headers with the SDK's own session ID instead of the one clients see."""
+    return [
+        (k, local.encode("latin-1")) if bytes(k).lower() == SESSION_HEADER else (k, v)
+        for k, v in headers
+    ]
+
+
+async def _buffered(receive: Receive) -> tuple[bytes, Receive] | None:
+    """Read a request body whole (MCP POST bodies are single JSON-RPC messages) and hand the
+    app a ``receive`` that replays it, then passes on whatever comes next (a disconnect).
+    None: the body is over :data:`MAX_BODY_BYTES` (nothing is kept of it)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            pending: Message | None = message
+            break
+        chunk = bytes(message.get("body", b""))
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            pending = None
+            break
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed, pending
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        if pending is not None:
+            message, pending = pending, None
+            return message
+        return await receive()
+
+    return body, replay

@@ -21,19 +21,23 @@ class EpochRecord:
     epoch: str
     state: State
     incarnation: int | None  # newest registered incarnation, or None
+    address: str | None = None  # host:port the pod serves on (from the API server), or None
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> EpochRecord:
         epoch = obj.get("epoch")
         state = obj.get("state")
         inc = obj.get("incarnation")
+        address = obj.get("address")
         if not isinstance(epoch, str):
             raise ValueError(f"epoch object without a string 'epoch': {obj!r:.200}")
         if state not in STATES:
             raise ValueError(f"epoch {epoch}: unknown state {state!r}")
         if inc is not None and (isinstance(inc, bool) or not isinstance(inc, int) or inc < 0):
             raise ValueError(f"epoch {epoch}: bad incarnation {inc!r}")
-        return cls(epoch, state, inc)
+        if address is not None and (not isinstance(address, str) or not 0 < len(address) <= 300):
+            raise ValueError(f"epoch {epoch}: bad address {address!r:.100}")
+        return cls(epoch, state, inc, address)
 
 
 def _empty() -> Mapping[str, EpochRecord]:

@@ -18,6 +18,7 @@ from mcp_epoch._internal.buffer import BufferedEvent, ReplayBuffer
 from mcp_epoch._internal.decision import ReplayPlan, decide, zombie
 from mcp_epoch._internal.errors import ResumptionGap
 from mcp_epoch._internal.eventid import EventId
+from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.resume import Followers, follow, mark_broken
 from mcp_epoch._internal.sessions import SessionTag, current_session
 from mcp_epoch._internal.snapshot import EpochSnapshot
@@ -49,9 +50,11 @@ class EpochEventStore(EventStore):
         *,
         capacity: int = DEFAULT_BUFFER_EVENTS,
         view: SnapshotSource | None = None,
+        inflight: InFlight | None = None,
     ) -> None:
         self.buffer = ReplayBuffer(capacity)
         self.view = view
+        self.inflight = inflight
         self._followers = Followers()
         self._epoch: ProcessEpoch | None = None
         self._prefix = ""
@@ -96,6 +99,8 @@ class EpochEventStore(EventStore):
         owner = current_session.get()
         event_id = self._prefix + str(buffer.next_seq)
         buffer.append(owner, stream_id, message, event_id)
+        if self.inflight is not None and isinstance(message, JSONRPCResponse | JSONRPCError):
+            self.inflight.answered((owner, stream_id))
         if self._followers:
             self._followers.wake((owner, stream_id))
         return event_id

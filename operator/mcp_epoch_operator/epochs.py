@@ -113,8 +113,12 @@ class EpochServiceClient:
         body = {"namespace": namespace, "server": server, "request_uid": request_uid}
         return await self._call("POST", "/v1/epochs", json=body, policy=policy)
 
-    async def bind(self, epoch: str, pod_name: str, pod_uid: str) -> dict[str, Any]:
+    async def bind(
+        self, epoch: str, pod_name: str, pod_uid: str, address: str | None = None
+    ) -> dict[str, Any]:
         body = {"pod_name": pod_name, "pod_uid": pod_uid}
+        if address:
+            body["address"] = address
         return await self._call("POST", f"/v1/epochs/{epoch}/bind", json=body)
 
     async def drain(self, epoch: str) -> dict[str, Any]:
@@ -123,10 +127,12 @@ class EpochServiceClient:
     async def retire(self, epoch: str) -> dict[str, Any]:
         return await self._call("POST", f"/v1/epochs/{epoch}/retire")
 
-    async def call(self, verb: str, epoch: str, pod_name: str, pod_uid: str) -> dict[str, Any]:
+    async def call(
+        self, verb: str, epoch: str, pod_name: str, pod_uid: str, address: str | None = None
+    ) -> dict[str, Any]:
         """One lifecycle verb by name (bind, drain, retire)."""
         if verb == "bind":
-            return await self.bind(epoch, pod_name, pod_uid)
+            return await self.bind(epoch, pod_name, pod_uid, address)
         if verb == "drain":
             return await self.drain(epoch)
         if verb == "retire":

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from mcp_epoch.contract import PodEpoch
+from mcp_epoch.contract import PORT_ANNOTATION, PodEpoch
 from mcp_epoch_operator.names import EPOCH_ANNOTATION, SERVER_LABEL
 
 
@@ -44,16 +44,45 @@ class PodEpochRef:
     pod_name: str
     pod_uid: str
     epoch: str
+    address: str | None = None  # podIP:port once the pod has an IP
 
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One ledger call: ``verb`` is bind, drain or retire."""
+    """One ledger call: ``verb`` is bind, drain or retire (a bind also records the address)."""
 
     verb: str
     epoch: str
     pod_name: str
     pod_uid: str
+    address: str | None = None
+
+
+def address_of(pod: dict[str, Any]) -> str | None:
+    """Where the pod serves MCP, from the API server: ``podIP:port`` (``[v6]:port``).
+
+    The port is the pod's ``mcp.epochs.dev/port`` annotation, else its container port named
+    ``mcp``, else the first container port; no IP or no port means no address (yet)."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    annotated = ((pod.get("metadata") or {}).get("annotations") or {}).get(PORT_ANNOTATION)
+    port: int | None = None
+    if annotated and annotated.isdigit() and 0 < int(annotated) < 65536:
+        port = int(annotated)
+    else:
+        ports = [
+            p
+            for c in (pod.get("spec") or {}).get("containers") or []
+            for p in c.get("ports") or []
+            if isinstance(p.get("containerPort"), int)
+        ]
+        named = [p for p in ports if p.get("name") == "mcp"]
+        if named or ports:
+            port = int((named or ports)[0]["containerPort"])
+    if port is None:
+        return None
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def epoch_of(pod: dict[str, Any]) -> PodEpochRef | None:
@@ -73,6 +102,7 @@ def epoch_of(pod: dict[str, Any]) -> PodEpochRef | None:
         pod_name=meta["name"],
         pod_uid=meta["uid"],
         epoch=raw,
+        address=address_of(pod),
     )
 
 
@@ -87,19 +117,27 @@ def wanted_stage(pod: dict[str, Any], deleted: bool) -> Stage:
     return Stage.BOUND
 
 
-def calls_for(ref: PodEpochRef, stage: Stage, done: Stage | None = None) -> list[Call]:
-    """The ledger calls that move ``ref``'s epoch to ``stage``; none if ``done`` reached it."""
+def calls_for(
+    ref: PodEpochRef, stage: Stage, done: Stage | None = None, bound_address: str | None = None
+) -> list[Call]:
+    """The ledger calls that move ``ref``'s epoch to ``stage``; none if ``done`` reached it,
+    except a bind again when a live pod's address is new (its IP comes after it is seen)."""
     if done is not None and done >= stage:
+        if stage is Stage.BOUND and ref.address and ref.address != bound_address:
+            return [Call("bind", ref.epoch, ref.pod_name, ref.pod_uid, ref.address)]
         return []
-    return [Call(verb, ref.epoch, ref.pod_name, ref.pod_uid) for verb in VERBS[stage]]
+    return [Call(verb, ref.epoch, ref.pod_name, ref.pod_uid, ref.address) for verb in VERBS[stage]]
 
 
 def pod_event_calls(
-    event_type: str, pod: dict[str, Any], done: Stage | None = None
+    event_type: str,
+    pod: dict[str, Any],
+    done: Stage | None = None,
+    bound_address: str | None = None,
 ) -> tuple[PodEpochRef | None, Stage | None, list[Call]]:
     """A watch event on a labelled pod → (its epoch, the stage it must reach, the calls)."""
     ref = epoch_of(pod)
     if ref is None:
         return None, None, []
     stage = wanted_stage(pod, deleted=event_type == "DELETED")
-    return ref, stage, calls_for(ref, stage, done)
+    return ref, stage, calls_for(ref, stage, done, bound_address)

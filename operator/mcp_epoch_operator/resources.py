@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp_epoch.contract import (
+    DEFAULT_DRAIN_SECONDS,
     DEFAULT_EVENTS_PER_SECOND,
+    DEFAULT_MIN_READY_SECONDS,
+    DEFAULT_PRESTOP_SECONDS,
     DEFAULT_RECONNECT_WINDOW_SECONDS,
+    ENV_DRAIN,
     INJECTED_ENV,
     MAX_OPERATOR_BUFFER_EVENTS,
 )
@@ -43,6 +47,8 @@ DEFAULT_PATH = "/mcp"
 CONTAINER_NAME = "mcp"
 PORT_NAME = "mcp"
 DEFAULT_TOKEN_KEY = "token"
+#: Grace period beyond preStop + drain: time for the process to close its streams and exit.
+GRACE_SLACK_SECONDS = 5
 
 #: Environment variables the operator sets itself; the CRD forbids them in ``spec.env``.
 RESERVED_ENV = INJECTED_ENV
@@ -125,11 +131,35 @@ def secret_env(name: str, ref: TokenSecretRef) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """How an McpServer's pods leave: preStop wait, then SIGTERM and at most ``seconds`` of
+    drain; the grace period covers both with slack, so the kubelet never kills a drain."""
+
+    seconds: int = DEFAULT_DRAIN_SECONDS
+    prestop: int = DEFAULT_PRESTOP_SECONDS
+    min_ready: int = DEFAULT_MIN_READY_SECONDS
+
+    @classmethod
+    def of(cls, spec: dict[str, Any]) -> Drain:
+        d = spec.get("drain") or {}
+        return cls(
+            int(d.get("seconds", DEFAULT_DRAIN_SECONDS)),
+            int(d.get("preStopSeconds", DEFAULT_PRESTOP_SECONDS)),
+            int(d.get("minReadySeconds", DEFAULT_MIN_READY_SECONDS)),
+        )
+
+    @property
+    def grace(self) -> int:
+        return self.prestop + self.seconds + GRACE_SLACK_SECONDS
+
+
 def replica_env(
     server: str,
     buffer: int,
     service_url: str | None,
     token: TokenSecretRef | None,
+    drain: Drain | None = None,
 ) -> list[dict[str, Any]]:
     """Everything the replica library reads, except ``MCP_EPOCH`` (the webhook adds that)."""
     env: list[dict[str, Any]] = [
@@ -138,6 +168,7 @@ def replica_env(
         field_env(ENV_POD_NAME, "metadata.name"),
         field_env(ENV_POD_UID, "metadata.uid"),
         {"name": ENV_BUFFER, "value": str(buffer)},
+        {"name": ENV_DRAIN, "value": str((drain or Drain()).seconds)},
     ]
     if service_url:
         env.append({"name": ENV_SERVICE_URL, "value": service_url})
@@ -155,15 +186,21 @@ def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[st
         resumption.get("reconnectWindowSeconds"), resumption.get("eventsPerSecond")
     )
     port = int(spec.get("port") or DEFAULT_PORT)
+    drain = Drain.of(spec)
+    token = token_secret_of(spec, defaults)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec["image"],
         "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         "env": [
             *(spec.get("env") or []),
-            *replica_env(name, buffer, defaults.service_url, token_secret_of(spec, defaults)),
+            *replica_env(name, buffer, defaults.service_url, token, drain),
         ],
     }
+    if drain.prestop:
+        # The kubelet's own sleep (no binary needed in the image): endpoints are updated
+        # while it waits, so SIGTERM finds the pod out of rotation.
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain.prestop}}}
     if spec.get("command"):
         container["command"] = list(spec["command"])
     if spec.get("args"):
@@ -176,8 +213,8 @@ def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[st
     pod_spec: dict[str, Any] = {"containers": [container]}
     if spec.get("serviceAccountName"):
         pod_spec["serviceAccountName"] = spec["serviceAccountName"]
-    if spec.get("terminationGracePeriodSeconds") is not None:
-        pod_spec["terminationGracePeriodSeconds"] = int(spec["terminationGracePeriodSeconds"])
+    grace = spec.get("terminationGracePeriodSeconds")
+    pod_spec["terminationGracePeriodSeconds"] = drain.grace if grace is None else int(grace)
 
     rolling = spec.get("rollingUpdate") or {}
     template_meta: dict[str, Any] = {
@@ -192,6 +229,7 @@ def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[st
         "metadata": _owned_metadata(mcps),
         "spec": {
             "replicas": int(spec.get("replicas", 1)),
+            "minReadySeconds": drain.min_ready,
             "selector": {"matchLabels": server_selector(name)},
             "strategy": {
                 "type": "RollingUpdate",

@@ -61,6 +61,7 @@ class Runtime:
         self.svc = svc
         self.reach = status.Reachability(True, config.epoch_service_url)
         self.done: dict[str, lifecycle.Stage] = {}  # pod UID -> stage the ledger has reached
+        self.addressed: dict[str, str] = {}  # pod UID -> address the ledger has for it
         self.known: set[Key] = set()
         self.dirty: dict[Key, bool] = {}  # key -> also re-apply the owned objects
         self.applied: dict[Key, tuple[str, int]] = {}  # McpServer (uid, generation) applied
@@ -216,11 +217,16 @@ class Runtime:
             return
         key = (meta["namespace"], server)
         uid = meta.get("uid", "")
-        ref, stage, calls = lifecycle.pod_event_calls(event_type, pod, self.done.get(uid))
+        ref, stage, calls = lifecycle.pod_event_calls(
+            event_type, pod, self.done.get(uid), self.addressed.get(uid)
+        )
         if ref is not None and stage is not None and calls and await self.run_calls(key, calls):
-            self.done[uid] = stage
+            self.done[uid] = max(stage, self.done.get(uid, stage))
+            if ref.address:
+                self.addressed[uid] = ref.address
         if event_type == "DELETED":
             self.done.pop(uid, None)
+            self.addressed.pop(uid, None)
         self.mark(*key)
 
     async def run_calls(self, key: Key, calls: list[lifecycle.Call]) -> bool:
@@ -229,7 +235,7 @@ class Runtime:
         for call in calls:
             try:
                 await self.svc_call(
-                    lambda c=call: self.svc.call(c.verb, c.epoch, c.pod_name, c.pod_uid)  # type: ignore[misc]
+                    lambda c=call: self.svc.call(c.verb, c.epoch, c.pod_name, c.pod_uid, c.address)  # type: ignore[misc]
                 )
             except EpochServiceUnavailable as exc:
                 log.warning(

@@ -99,6 +99,30 @@ def test_illegal_transitions_are_409_and_repeats_are_noops(svc: EpochServiceProc
         assert late.status_code == 409 and late.json()["code"] == "illegal-transition"
 
 
+def test_a_bind_records_the_pods_address_once_known(svc: EpochServiceProcess) -> None:
+    with svc.client() as c:
+        epoch = issue(c)["epoch"]
+        bind = {"pod_name": "p", "pod_uid": "u1"}
+        first = c.post(f"/v1/epochs/{epoch}/bind", json=bind).json()
+        assert first["address"] is None
+        for bad in ("10.0.0.1", "10.0.0.1:0", "10.0.0.1:65536", "h st:80", "a:80/x", 8080):
+            r = c.post(f"/v1/epochs/{epoch}/bind", json={**bind, "address": bad})
+            assert r.status_code == 422, bad
+        ip = c.post(f"/v1/epochs/{epoch}/bind", json={**bind, "address": "10.0.0.7:8080"})
+        assert ip.json()["address"] == "10.0.0.7:8080"
+        assert ip.json()["revision"] > first["revision"]  # followers learn it
+        v6 = c.post(f"/v1/epochs/{epoch}/bind", json={**bind, "address": "[fd00::7]:8080"})
+        assert v6.json()["address"] == "[fd00::7]:8080"
+        # Only the bound pod may say where the epoch serves.
+        other = c.post(
+            f"/v1/epochs/{epoch}/bind",
+            json={"pod_name": "q", "pod_uid": "u2", "address": "10.0.0.9:8080"},
+        )
+        assert other.status_code == 409 and other.json()["code"] == "pod-mismatch"
+        listed = c.get("/v1/servers/default/demo/epochs").json()["epochs"]
+        assert [e["address"] for e in listed if e["epoch"] == epoch] == ["[fd00::7]:8080"]
+
+
 def test_auth(svc: EpochServiceProcess) -> None:
     body = {"namespace": "default", "server": "demo", "request_uid": "x"}
     with httpx.Client(base_url=svc.url) as anon:

@@ -72,6 +72,7 @@ async def _transition(
         action,
         pod_name=body.pod_name if body else None,
         pod_uid=body.pod_uid if body else None,
+        address=body.address if body else None,
     )
     notifier.notify()  # a no-op wakes waiters that simply go back to waiting
     return Epoch.of(record)
@@ -81,7 +82,7 @@ async def _transition(
 async def bind_epoch(
     epoch: TargetPodEpoch, body: BindRequest, store: Store, notifier: Notifier, _: Operator
 ) -> Epoch:
-    """The pod was seen: bind its name and UID (pending → live)."""
+    """The pod was seen: bind its name and UID (pending → live), and its address once known."""
     return await _transition(store, notifier, epoch, Action.BIND, body)
 
 

@@ -35,6 +35,7 @@ class EpochRecord:
     revision: int
     created_at: float
     updated_at: float
+    address: str | None = None  # host:port the pod serves on, written by the operator
 
     @property
     def epoch(self) -> str:
@@ -87,6 +88,7 @@ class EpochStore(abc.ABC):
         *,
         pod_name: str | None = None,
         pod_uid: str | None = None,
+        address: str | None = None,
     ) -> EpochRecord: ...
 
     @abc.abstractmethod

@@ -54,6 +54,7 @@ from mcp_epoch.contract import FALLBACK_INCARNATION_MIN
 log = logging.getLogger("epochsvc.store")
 
 metadata = sa.MetaData()
+ADDRESS_MAX_LEN = 300
 
 ledger_table = sa.Table(
     "ledger",
@@ -77,6 +78,8 @@ epochs_table = sa.Table(
     sa.Column("pod_name", sa.String(253)),
     sa.Column("pod_uid", sa.String(128), unique=True),
     sa.Column("incarnation", sa.BigInteger),
+    # Added in 0.2 (see _upgrade): where the pod serves, for forwarding to a session's owner.
+    sa.Column("address", sa.String(ADDRESS_MAX_LEN)),
     sa.Column("revision", sa.BigInteger, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
@@ -120,6 +123,18 @@ _UPDATE = (
     .returning(*epochs_table.c)
 )
 _PG_INIT_LOCK = 0x6D6370  # advisory lock key: serialises schema creation across processes
+
+
+def _upgrade(conn: Connection) -> None:
+    """Bring a ledger written by an older release up to this schema, keeping every row.
+
+    0.1 → 0.2: ``epochs.address`` (nullable; old epochs simply have no address, and their
+    sessions are rejected as before rather than forwarded).
+    """
+    columns = {c["name"] for c in sa.inspect(conn).get_columns("epochs")}
+    if "address" not in columns:
+        conn.execute(sa.text(f"ALTER TABLE epochs ADD COLUMN address VARCHAR({ADDRESS_MAX_LEN})"))
+        log.warning("ledger upgraded: added epochs.address")
 
 
 def _driver_url(url: str) -> sa.URL:
@@ -195,6 +210,7 @@ class SqlEpochStore(EpochStore):
             if self.dialect == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_INIT_LOCK)))
             metadata.create_all(conn)
+            _upgrade(conn)
             row = (conn.execute(sa.select(ledger_table.c.ledger_id))).first()
             if row is None:
                 self.ledger_id = uuid.uuid4().hex
@@ -344,6 +360,7 @@ class SqlEpochStore(EpochStore):
             revision=int(row.revision),
             created_at=float(row.created_at),
             updated_at=float(row.updated_at),
+            address=row.address,
         )
 
     def _fetch(self, conn: Connection, generation: int) -> EpochRecord:
@@ -381,6 +398,7 @@ class SqlEpochStore(EpochStore):
                 "pod_name": None,
                 "pod_uid": None,
                 "incarnation": None,
+                "address": None,
                 "revision": revision,
                 "created_at": now,
                 "updated_at": now,
@@ -403,6 +421,7 @@ class SqlEpochStore(EpochStore):
         *,
         pod_name: str | None = None,
         pod_uid: str | None = None,
+        address: str | None = None,
     ) -> EpochRecord:
         def op(conn: Connection) -> EpochRecord:
             revision, _ = self._bump(conn)
@@ -410,12 +429,23 @@ class SqlEpochStore(EpochStore):
             step = plan(
                 current.epoch, current.state, action, bound_uid=current.pod_uid, pod_uid=pod_uid
             )
-            if step.target is None:
-                raise NoChange(current)
-            values: dict[str, Any] = {"state": step.target.value}
+            values: dict[str, Any] = {}
+            if step.target is not None:
+                values["state"] = step.target.value
             if action is Action.BIND:
-                self._check_pod_free(conn, generation, pod_uid)
-                values.update(pod_name=pod_name, pod_uid=pod_uid)
+                if step.target is not None:
+                    self._check_pod_free(conn, generation, pod_uid)
+                    values.update(pod_name=pod_name, pod_uid=pod_uid)
+                # The pod's IP comes after the pod is first seen: a repeated bind of the same
+                # pod records it (the UID was checked by plan()).
+                if address is not None and address != current.address and current.state in (
+                    State.PENDING,
+                    State.LIVE,
+                    State.DRAINING,
+                ):
+                    values["address"] = address
+            if not values:
+                raise NoChange(current)
             return self._update(conn, generation, revision, **values)
 
         return await self._write(op)

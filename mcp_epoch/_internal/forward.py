@@ -1,0 +1,200 @@
+"""The forward path: hand a request to the process that owns its session, over the network.
+
+Where the owner is comes from the ledger's live view (the operator writes each epoch's pod
+address from the API server; a client never names an address). A forwarded request carries
+``Mcp-Epoch-Forwarded-To: <owner's process epoch>``; the receiver serves it only if that is its
+own epoch (an address reused by another pod answers 421 and the request is rejected, never
+served by a stranger) and never forwards it again. Bodies and responses stream through
+unbuffered with the ASGI server's backpressure; a client that goes away cancels the forwarded
+request; an owner that dies mid-stream cuts the client's stream as a direct drop would, so the
+client resumes from the last event it really got.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+import httpx
+
+from mcp_epoch._internal.snapshot import EpochSnapshot
+from mcp_epoch.contract import FORWARDED_BY_HEADER, FORWARDED_TO_HEADER, ProcessEpoch
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: Never copied between hops (RFC 9110 section 7.6.1), plus what the next hop sets itself.
+_HOP_BY_HOP: Final = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        FORWARDED_TO_HEADER.encode(),
+        FORWARDED_BY_HEADER.encode(),
+    }
+)
+MISDIRECTED: Final = 421
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a process epoch serves, according to the ledger."""
+
+    epoch: ProcessEpoch
+    address: str  # host:port ([v6]:port for IPv6)
+
+
+def route_to(view: EpochSnapshot, target: ProcessEpoch) -> Route | None:
+    """The owner's address if the ledger says that very process is live or draining."""
+    if view.ledger8 is None or target.is_fallback or target.pod.ledger8 != view.ledger8:
+        return None
+    rec = view.epochs.get(str(target.pod))
+    if rec is None or rec.state not in ("live", "draining") or rec.address is None:
+        return None
+    if rec.incarnation != target.incarnation:
+        return None
+    return Route(target, rec.address)
+
+
+def live_peers(view: EpochSnapshot, own: ProcessEpoch) -> list[Route]:
+    """Other processes of this server that take new sessions (live, address known)."""
+    peers = []
+    for rec in view.epochs.values():
+        if rec.state != "live" or rec.address is None or rec.incarnation is None:
+            continue
+        try:
+            epoch = ProcessEpoch.parse(f"{rec.epoch}.{rec.incarnation}")
+        except ValueError:
+            continue
+        if epoch.pod != own.pod:
+            peers.append(Route(epoch, rec.address))
+    return sorted(peers, key=lambda r: r.epoch)
+
+
+class OwnerUnreachable(Exception):
+    """The owner did not take the request (no connection, or 421): nothing reached it."""
+
+
+class OwnerLost(Exception):
+    """The owner took the request and then went away before answering: it may have run."""
+
+
+class Forwarder:
+    """One pooled HTTP client for every forward of this process."""
+
+    def __init__(self, *, connect_timeout: float = 2.0) -> None:
+        self._timeout = httpx.Timeout(connect=connect_timeout, read=None, write=30.0, pool=5.0)
+        self._client: httpx.AsyncClient | None = None
+        self._rr = itertools.count()
+        self.forwarded = 0
+
+    def pick(self, peers: list[Route]) -> Route | None:
+        return peers[next(self._rr) % len(peers)] if peers else None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=self._timeout,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                trust_env=False,  # the cluster network, never a proxy from the environment
+                follow_redirects=False,
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        route: Route,
+        *,
+        body: bytes | None = None,
+    ) -> None:
+        """Send the request to ``route`` and stream its answer back.
+
+        ``body``: the request body when the caller has read it already. Raises
+        :class:`OwnerUnreachable` before anything was sent to the client.
+        """
+        headers = [(k, v) for k, v in scope["headers"] if bytes(k).lower() not in _HOP_BY_HOP]
+        headers.append((FORWARDED_TO_HEADER.encode(), str(route.epoch).encode()))
+        path = scope.get("raw_path") or scope["path"].encode()
+        url = f"http://{route.address}{bytes(path).decode('latin-1')}"
+        if scope.get("query_string"):
+            url += "?" + bytes(scope["query_string"]).decode("latin-1")
+        content: bytes | AsyncIterator[bytes] = body if body is not None else _request_body(receive)
+        request = self._http().build_request(scope["method"], url, headers=headers, content=content)
+        try:
+            response = await self._http().send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # Nothing was sent: the request certainly did not run.
+            raise OwnerUnreachable(f"{route.epoch} at {route.address}: {exc!r}") from None
+        except httpx.TransportError as exc:
+            # Sent, but no answer: it may have run, so the client must not be told "retry".
+            log.warning("forward to %s lost its connection: %r", route.epoch, exc)
+            raise OwnerLost(str(exc)) from None
+        try:
+            if response.status_code == MISDIRECTED:
+                raise OwnerUnreachable(f"{route.address} is no longer {route.epoch}")
+            self.forwarded += 1
+            await self._relay(response, receive, send, route)
+        finally:
+            await response.aclose()
+
+    async def _relay(
+        self, response: httpx.Response, receive: Receive, send: Send, route: Route
+    ) -> None:
+        # Raw bytes are relayed, so an upstream Content-Length stays true; chunked framing is
+        # hop-by-hop and the ASGI server redoes it.
+        out = [(k.lower(), v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP]
+        out.append((FORWARDED_BY_HEADER.encode(), str(route.epoch).encode()))
+        await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+        complete = False
+        async with anyio.create_task_group() as tg:
+
+            async def client_gone() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()  # the client left: stop the owner's side too
+
+            tg.start_soon(client_gone)
+            try:
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                complete = True
+            except httpx.TransportError as exc:
+                # The owner went away mid-answer: cut the client's stream as a drop would
+                # (no final chunk), so it resumes from the last event it really received.
+                log.info("forwarded stream from %s broke: %r", route.epoch, exc)
+            tg.cancel_scope.cancel()
+        if complete:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _request_body(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise OwnerUnreachable("the client left before its request was sent")
+        yield bytes(message.get("body", b""))
+        if not message.get("more_body", False):
+            return

@@ -1,0 +1,95 @@
+"""Which calls of this process are still in flight: what a graceful drain waits for.
+
+A call is in flight from the POST that carries its JSON-RPC request until its final response
+has been *delivered*: stored (the event store sees every message before it is sent) and then
+sent on a stream that ended cleanly, the POST's own or a resumed GET of the same stream. A call
+whose client was cut off after its answer was stored therefore still counts until the client
+comes back for it, so a draining process does not exit with an answer nobody has heard.
+A cancelled request (``notifications/cancelled``) or a deleted session is no longer waited for.
+Everything here runs on the server's event loop; nothing blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable, Iterator
+from typing import Any
+
+import anyio
+
+Call = tuple[Hashable, str]  # (session tag, JSON-RPC request id as the SDK's stream id)
+
+
+class InFlight:
+    """Calls started and not yet delivered, and an event for "none left"."""
+
+    def __init__(self) -> None:
+        self._calls: dict[Call, bool] = {}  # call -> answered
+        self._idle: anyio.Event | None = None  # made on the event loop, by the first call
+        self.delivered = 0
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def started(self, call: Call) -> None:
+        if self._idle is None or self._idle.is_set():
+            self._idle = anyio.Event()
+        self._calls.setdefault(call, False)
+
+    def answered(self, call: Call) -> None:
+        if call in self._calls:
+            self._calls[call] = True
+
+    def stream_ended(self, call: Call, *, answered: bool = False) -> None:
+        """A stream of ``call`` ended cleanly: the call is done if its answer went out on it."""
+        if answered or self._calls.get(call, False):
+            self._finish(call)
+
+    def forget(self, call: Call) -> None:
+        self._finish(call, count=False)
+
+    def forget_session(self, tag: Hashable) -> None:
+        for call in [c for c in self._calls if c[0] is tag]:
+            self._finish(call, count=False)
+
+    def _finish(self, call: Call, *, count: bool = True) -> None:
+        if self._calls.pop(call, None) is not None and count:
+            self.delivered += 1
+        if not self._calls and self._idle is not None:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        while self._calls and self._idle is not None:
+            await self._idle.wait()
+
+
+def requests_in(body: bytes) -> tuple[list[str], list[str]]:
+    """(ids of JSON-RPC requests, ids named by ``notifications/cancelled``) in a POST body.
+
+    Ids are given as the SDK names a request's stream (``str(id)``). A body that is not JSON-RPC
+    yields nothing: the SDK answers it, and there is no call to wait for.
+    """
+    try:
+        parsed: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return [], []
+    requests: list[str] = []
+    cancelled: list[str] = []
+    for item in _items(parsed):
+        method = item.get("method")
+        if not isinstance(method, str):
+            continue
+        if "id" in item and isinstance(item["id"], str | int) and not isinstance(item["id"], bool):
+            requests.append(str(item["id"]))
+        elif method == "notifications/cancelled":
+            params = item.get("params")
+            rid = params.get("requestId") if isinstance(params, dict) else None
+            if isinstance(rid, str | int) and not isinstance(rid, bool):
+                cancelled.append(str(rid))
+    return requests, cancelled
+
+
+def _items(parsed: Any) -> Iterator[dict[str, Any]]:
+    for item in parsed if isinstance(parsed, list) else [parsed]:
+        if isinstance(item, dict):
+            yield item

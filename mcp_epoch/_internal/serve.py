@@ -1,0 +1,75 @@
+"""``mcp_epoch.serve(app)``: uvicorn, with SIGTERM meaning "drain, then exit".
+
+Plain uvicorn stops listening the moment SIGTERM arrives, and then its other replicas can no
+longer forward this process's sessions to it. Here SIGTERM (or Ctrl-C) starts
+:meth:`EpochSafeApp.drain` and the server keeps listening until the calls in flight are
+delivered or the drain deadline passes; only then does uvicorn shut down. A second signal
+exits at once. This module imports ``uvicorn`` (a dependency of the MCP SDK).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from mcp_epoch._internal.app import EpochSafeApp
+from mcp_epoch._internal.guard import ASGIApp
+
+log = logging.getLogger("mcp_epoch")
+
+
+class DrainingServer(uvicorn.Server):
+    """A ``uvicorn.Server`` whose first exit signal drains ``epoch_app`` before stopping."""
+
+    def __init__(self, config: uvicorn.Config, epoch_app: EpochSafeApp) -> None:
+        super().__init__(config)
+        self.epoch_app = epoch_app
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is None or self._drain is not None or not self.started:
+            super().handle_exit(sig, frame)  # not serving yet, or a second signal: stop now
+            if self._drain is not None:
+                self.force_exit = True
+            return
+        self._loop.call_soon_threadsafe(self._begin_drain)
+
+    def _begin_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self.epoch_app.drain()
+        finally:
+            self.should_exit = True
+
+
+def serve(
+    app: EpochSafeApp,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    asgi: ASGIApp | None = None,
+    sockets: list[socket.socket] | None = None,
+    **options: Any,
+) -> None:
+    """Serve ``app`` (or ``asgi``, an app wrapping it) until a signal, draining on the first.
+
+    ``options`` go to ``uvicorn.Config``; a short ``timeout_graceful_shutdown`` is the default,
+    since by then the calls are done and only idle streams remain.
+    """
+    options.setdefault("timeout_graceful_shutdown", 1)
+    options.setdefault("lifespan", "on")
+    config = uvicorn.Config(asgi if asgi is not None else app, host=host, port=port, **options)
+    DrainingServer(config, app).run(sockets=sockets)
