@@ -438,10 +438,15 @@ class SqlEpochStore(EpochStore):
                     values.update(pod_name=pod_name, pod_uid=pod_uid)
                 # The pod's IP comes after the pod is first seen: a repeated bind of the same
                 # pod records it (the UID was checked by plan()).
-                if address is not None and address != current.address and current.state in (
-                    State.PENDING,
-                    State.LIVE,
-                    State.DRAINING,
+                if (
+                    address is not None
+                    and address != current.address
+                    and current.state
+                    in (
+                        State.PENDING,
+                        State.LIVE,
+                        State.DRAINING,
+                    )
                 ):
                     values["address"] = address
             if not values:
