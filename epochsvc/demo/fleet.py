@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -48,6 +48,22 @@ class Replica:
     epoch: str  # pod epoch ("" for naive replicas)
     process_epoch: str
     proc: subprocess.Popen[str] | None = None
+    uid: str = ""
+    #: How the process left: seconds from SIGTERM to exit, and what its drain reported.
+    stop_seconds: float | None = None
+    drain: dict[str, float] = field(default_factory=dict)
+    killed: bool = False
+
+
+@dataclass(frozen=True)
+class Termination:
+    """How a replica is stopped, as a kubelet stops a pod: the preStop wait, SIGTERM, and
+    SIGKILL at the end of the grace period; the balancer learns of it *concurrently*, after
+    ``endpoints_lag`` seconds (Endpoints/EndpointSlices are updated while the kubelet acts)."""
+
+    prestop: float = 0.5
+    grace: float = 10.0
+    endpoints_lag: float = 0.3
 
 
 class FleetDriver(abc.ABC):
@@ -89,6 +105,7 @@ class LocalProcessFleet(FleetDriver):
         service: EpochService | None = None,
         buffer_events: int = 3000,
         log: Callable[[str], None] = lambda _line: None,
+        termination: Termination | None = None,
     ) -> None:
         if kind == "epoch" and service is None:
             raise ValueError("the mcp-epoch fleet needs the epoch service")
@@ -98,6 +115,7 @@ class LocalProcessFleet(FleetDriver):
         self.service = service
         self.buffer_events = buffer_events
         self.log = log
+        self.termination = termination or Termination()
         self._all: list[Replica] = []
         self._live: list[Replica] = []
         self._counter = 0
@@ -139,8 +157,8 @@ class LocalProcessFleet(FleetDriver):
         name = f"{self.kind}-r{self._counter}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_")}
         epoch = ""
+        uid = str(uuid.uuid4())
         if self.service is not None and self._ops is not None:
-            uid = str(uuid.uuid4())
             issued = await operator_call(
                 self._ops,
                 "/v1/epochs",
@@ -160,6 +178,7 @@ class LocalProcessFleet(FleetDriver):
                     contract.ENV_POD_NAME: name,
                     contract.ENV_POD_UID: uid,
                     contract.ENV_BUFFER: str(self.buffer_events),
+                    contract.ENV_DRAIN: str(self.termination.grace - 1.0),
                 }
             )
         cmd = [sys.executable, "-m", "epochsvc.demo.replica", "--kind", self.kind, "--name", name]
@@ -171,32 +190,54 @@ class LocalProcessFleet(FleetDriver):
         if not line:
             raise RuntimeError(f"replica {name} exited at start; see {log}")
         info = json.loads(line)
-        rep = Replica(Backend(name, "127.0.0.1", int(info["port"])), epoch, info["epoch"], proc)
+        backend = Backend(name, "127.0.0.1", int(info["port"]))
+        rep = Replica(backend, epoch, info["epoch"], proc, uid)
         self._all.append(rep)
         await _wait_serving(rep.backend)
+        if epoch and self._ops is not None:
+            # As the operator does once the pod has an IP: the ledger learns where it serves.
+            body = {"pod_name": name, "pod_uid": uid, "address": f"{backend.host}:{backend.port}"}
+            await operator_call(self._ops, epoch_path(epoch, "bind"), body)
         return rep
 
     async def _retire(self, rep: Replica) -> None:
+        """The pod is deleted: the operator drains its epoch, the balancer drops it and the
+        kubelet stops it, the last two concurrently; once it is gone the epoch is retired."""
         epoch = rep.epoch
         if epoch and self._ops is not None:
             await operator_call(self._ops, epoch_path(epoch, "drain"))
-        self.listener.remove(rep.backend.name)
         self._live.remove(rep)
-        await self._stop(rep)
+
+        async def leave_rotation() -> None:
+            await asyncio.sleep(self.termination.endpoints_lag)
+            self.listener.remove(rep.backend.name)
+
+        await asyncio.gather(leave_rotation(), self._stop(rep, self.termination))
         if epoch and self._ops is not None:
             await operator_call(self._ops, epoch_path(epoch, "retire"))
 
-    async def _stop(self, rep: Replica) -> None:
+    async def _stop(self, rep: Replica, how: Termination | None = None) -> None:
         proc, rep.proc = rep.proc, None
         if proc is None or proc.poll() is not None:
             return
+        if how is not None:
+            await asyncio.sleep(how.prestop)  # the preStop hook, as the pod spec says
+        began = time.monotonic()
         proc.terminate()
         try:
-            await asyncio.to_thread(proc.wait, 2.0)
+            await asyncio.to_thread(proc.wait, how.grace if how else 2.0)
         except subprocess.TimeoutExpired:
+            rep.killed = True
             proc.kill()
             await asyncio.to_thread(proc.wait)
+        rep.stop_seconds = time.monotonic() - began
         if proc.stdout is not None:
+            rest = await asyncio.to_thread(proc.stdout.read)
+            for line in rest.splitlines():
+                with contextlib.suppress(ValueError):
+                    report = json.loads(line)
+                    if isinstance(report, dict) and "drained" in report:
+                        rep.drain = report
             proc.stdout.close()
 
 

@@ -25,6 +25,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
 from epochsvc.demo.checker import Token
+from mcp_epoch import EpochSafeApp, epoch_safe_app, serve
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -92,20 +93,18 @@ class NoStandaloneStream:
         await self.app(scope, receive, send)
 
 
-def build(kind: str, buffer_events: int) -> tuple[ASGIApp, Callable[[], str]]:
-    """The replica's ASGI app, and how to read its epoch once started (empty for naive)."""
+def build(kind: str, buffer_events: int) -> tuple[ASGIApp, EpochSafeApp | None]:
+    """The replica's ASGI app, and the epoch-safe app inside it (None for naive)."""
     if kind == "epoch":
-        from mcp_epoch import epoch_safe_app
-
         app = epoch_safe_app(mcp, retry_interval=RETRY_MS)  # the one line a server adds
-        return NoStandaloneStream(app), lambda: str(app.epoch)
+        return NoStandaloneStream(app), app
     from epochsvc.demo.naive_server import NaiveEventStore, make_naive
 
     inner = mcp.streamable_http_app(
         event_store=NaiveEventStore(buffer_events), retry_interval=RETRY_MS
     )
     make_naive(mcp.session_manager)
-    return NoStandaloneStream(inner), lambda: ""
+    return NoStandaloneStream(inner), None
 
 
 class AnnounceWhenStarted:
@@ -134,27 +133,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=("epoch", "naive"), required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: a free port")
     parser.add_argument("--buffer-events", type=int, default=3000)
     args = parser.parse_args(argv)
     REPLICA["name"] = args.name
-    app, epoch = build(args.kind, args.buffer_events)
+    app, epoch_app = build(args.kind, args.buffer_events)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, 0))
+    sock.bind((args.host, args.port))
     sock.listen(256)
     port = sock.getsockname()[1]
 
     def info() -> dict[str, Any]:
-        return {"name": args.name, "port": port, "epoch": epoch(), "pid": os.getpid()}
+        epoch = "" if epoch_app is None else str(epoch_app.epoch)
+        return {"name": args.name, "port": port, "epoch": epoch, "pid": os.getpid()}
 
-    config = uvicorn.Config(
-        AnnounceWhenStarted(app, info),
-        log_level="warning",
-        lifespan="on",
-        timeout_graceful_shutdown=1,
-        access_log=False,
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+    announced = AnnounceWhenStarted(app, info)
+    options: dict[str, Any] = {"log_level": "warning", "access_log": False}
+    if epoch_app is None:  # the naive fleet: plain uvicorn, which stops at once on SIGTERM
+        uvicorn.Server(
+            uvicorn.Config(announced, lifespan="on", timeout_graceful_shutdown=1, **options)
+        ).run(sockets=[sock])
+        return 0
+    serve(epoch_app, asgi=announced, sockets=[sock], **options)  # drains on SIGTERM
+    if epoch_app.last_drain is not None:
+        d = epoch_app.last_drain
+        print(
+            json.dumps(
+                {
+                    "drained": round(d.seconds, 3),
+                    "in_flight": d.in_flight,
+                    "abandoned": d.abandoned,
+                    "forwarded": epoch_app.forwarded,
+                }
+            ),
+            flush=True,
+        )
     return 0
 
 

@@ -58,7 +58,7 @@ class FleetResult:
     reasons: dict[str, int]
     drops: int
     requests: int
-    replicas: list[dict[str, str]]
+    replicas: list[dict[str, Any]]
     seconds: float
     errors: list[str]
 
@@ -218,7 +218,14 @@ def _fold(
         drops=lb.stats.drops,
         requests=lb.stats.requests,
         replicas=[
-            {"name": r.backend.name, "epoch": r.process_epoch or "(counter ids)"} for r in replicas
+            {
+                "name": r.backend.name,
+                "epoch": r.process_epoch or "(counter ids)",
+                **({"stop_s": round(r.stop_seconds, 2)} if r.stop_seconds is not None else {}),
+                **({"killed": True} if r.killed else {}),
+                **r.drain,
+            }
+            for r in replicas
         ],
         seconds=seconds,
         errors=errors,

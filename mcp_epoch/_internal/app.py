@@ -81,6 +81,7 @@ class EpochSafeApp:
         self._guard = ResumptionGuard(inner, self.store, inflight=self.inflight)
         self._first_sync_timeout = first_sync_timeout
         self.process_start: ProcessStart | None = None
+        self.last_drain: DrainResult | None = None
 
     @property
     def epoch(self) -> ProcessEpoch:
@@ -133,9 +134,13 @@ class EpochSafeApp:
         with anyio.move_on_after(limit):
             await self.inflight.wait_idle()
         result = DrainResult(waiting, len(self.inflight), time.monotonic() - began)
+        self.last_drain = result
         if result.abandoned:
             log.warning(
-                "drain deadline of %.0fs passed with %d calls in flight", limit, result.abandoned
+                "drain deadline of %.0fs passed with %d calls in flight (id, answered): %s",
+                limit,
+                result.abandoned,
+                self.inflight.pending()[:10],
             )
         else:
             log.info("drained in %.2fs (%d calls finished)", result.seconds, waiting)

@@ -12,6 +12,7 @@ different: the server may be fine, so the call is retried with backoff from the 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -45,6 +46,24 @@ HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 
 
 _TOKENS = itertools.count(1)
+#: How often one call is retried on a fresh session after a refusal before it ran (each
+#: refusal means the session's owner was gone or draining; the next session is elsewhere).
+MAX_NOT_STARTED_RETRIES = 3
+
+
+def _call_token(request: httpx2.Request) -> str | None:
+    """The progress token of the ``tools/call`` a POST carried, if it carried one."""
+    if request.method != "POST":
+        return None
+    try:
+        body = json.loads(request.content)
+    except (ValueError, UnicodeDecodeError, httpx2.RequestNotRead):
+        return None
+    if not isinstance(body, dict) or body.get("method") != "tools/call" or "id" not in body:
+        return None
+    meta = (body.get("params") or {}).get("_meta") or {}
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    return token if isinstance(token, str) else None
 
 
 async def _answers(client: Client) -> bool:
@@ -130,7 +149,10 @@ class EpochClient:
         self._lock = anyio.Lock()
         self._count = 0
         self._cursors: dict[str, _Cursor] = {}
+        self._not_started: set[str] = set()
         self.rejections: list[ResumptionRejected] = []
+        #: Calls retried on a fresh session because the server refused them before they ran.
+        self.retried = 0
 
     async def __aenter__(self) -> EpochClient:
         self._tg = anyio.create_task_group()
@@ -167,6 +189,9 @@ class EpochClient:
             return  # a 404 before any session exists is not about a session
         reason: Reason = header if header in REASONS else "unknown"
         detail = "rejected by the server" if header else "session not found"
+        token = _call_token(response.request)
+        if token is not None:
+            self._not_started.add(token)  # the POST of a call was refused: it never ran
         log.info(
             "session %d rejected (%s): failing %d pending", att.number, reason, len(att.pending)
         )
@@ -309,11 +334,12 @@ class EpochClient:
             chain.seen.append(token)
             self._cursors[token] = chain
 
-        meta: Any = None
+        # Every call carries a token of its own: it routes the call's progress, and it tells a
+        # refusal of this call's POST (never run, safe to retry) from any other rejection.
+        token = f"epoch-{next(_TOKENS)}"
+        meta: Any = {"progressToken": token}
         if progress_callback is not None:
-            progress_token = f"epoch-{next(_TOKENS)}"
-            meta = {"progressToken": progress_token}
-            self._progress[progress_token] = progress_callback
+            self._progress[token] = progress_callback
         params = CallToolRequestParams(name=name, arguments=arguments, _meta=meta)
         request = CallToolRequest(params=params)
 
@@ -347,9 +373,18 @@ class EpochClient:
             raise AssertionError("unreachable")  # pragma: no cover
 
         try:
+            for _ in range(MAX_NOT_STARTED_RETRIES):
+                try:
+                    return await self.run(call)
+                except ResumptionRejected as exc:
+                    if token not in self._not_started or cursor is not None:
+                        raise  # it may have run: fail fast, never retry blindly
+                    self._not_started.discard(token)
+                    self.retried += 1
+                    log.info("call refused before it ran (%s); retrying on a new session", exc)
             return await self.run(call)
         finally:
-            if meta is not None:
-                self._progress.pop(meta["progressToken"], None)
-            for token in chain.seen:
-                self._cursors.pop(token, None)
+            self._not_started.discard(token)
+            self._progress.pop(token, None)
+            for seen in chain.seen:
+                self._cursors.pop(seen, None)

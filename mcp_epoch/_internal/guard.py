@@ -239,8 +239,8 @@ class ResumptionGuard:
                 await respond(send, 413, error_body(f"request body over {MAX_BODY_BYTES} bytes"))
                 return
             body, receive = buffered
-            calls, cancelled = requests_in(body)
-            if calls and sid is not None and self.is_draining():
+            calls, cancelled, work = requests_in(body)
+            if work and sid is not None and self.is_draining():
                 await send_rejection(
                     send,
                     "retired",
@@ -293,9 +293,10 @@ class ResumptionGuard:
     ) -> Send:
         own = str(self.store.epoch)
         swallowing = False
+        whole = False  # a JSON (not SSE) answer: its end delivers the call
 
         async def wrapped(message: Message) -> None:
-            nonlocal swallowing
+            nonlocal swallowing, whole
             if message["type"] == "http.response.start":
                 if resume is not None and message.get("status", 200) >= 500:
                     # The SDK failed after we accepted (e.g. the store raised): translate.
@@ -303,20 +304,30 @@ class ResumptionGuard:
                     await send_rejection(send, "unknown", "the server could not replay")
                     return
                 message = dict(message, headers=self._outgoing(message, tag, fresh, own))
+                whole = message.get("status", 200) < 300 and any(
+                    bytes(k).lower() == b"content-type"
+                    and bytes(v).startswith(b"application/json")
+                    for k, v in message["headers"]
+                )
             elif swallowing:
                 return
-            elif not message.get("more_body", False):
-                if resume is not None and resume.broken:
-                    # Never end a resumed stream that lost events as if it were complete:
-                    # without its last chunk the server closes the connection, and the client
-                    # reconnects from the cursor it really has (and is told ``gap``).
-                    log.warning("resumed stream overtaken by eviction; aborting its connection")
-                    return
-                await send(message)
-                for rid in streams:
-                    self.inflight.stream_ended((tag, rid))
+            elif resume is not None and resume.broken and not message.get("more_body", False):
+                # Never end a resumed stream that lost events as if it were complete: without
+                # its last chunk the server closes the connection, and the client reconnects
+                # from the cursor it really has (and is told ``gap``).
+                log.warning("resumed stream overtaken by eviction; aborting its connection")
                 return
             await send(message)
+            if message["type"] != "http.response.body" or not streams:
+                return
+            # A chunk written after the call's answer was stored carries that answer (it is the
+            # last message of its stream): the call is delivered. Clients often close a stream
+            # once they have the answer, before its final empty chunk.
+            for rid in streams:
+                if whole and not message.get("more_body", False):
+                    self.inflight.delivered_whole((tag, rid))
+                else:
+                    self.inflight.sent_after((tag, rid))
 
         return wrapped
 

@@ -31,6 +31,10 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._calls)
 
+    def pending(self) -> list[tuple[str, bool]]:
+        """``(request id, answered)`` of every call still waited for (for the drain's log)."""
+        return [(rid, answered) for (_tag, rid), answered in self._calls.items()]
+
     def started(self, call: Call) -> None:
         if self._idle is None or self._idle.is_set():
             self._idle = anyio.Event()
@@ -40,10 +44,15 @@ class InFlight:
         if call in self._calls:
             self._calls[call] = True
 
-    def stream_ended(self, call: Call, *, answered: bool = False) -> None:
-        """A stream of ``call`` ended cleanly: the call is done if its answer went out on it."""
-        if answered or self._calls.get(call, False):
+    def sent_after(self, call: Call) -> None:
+        """A chunk of ``call``'s stream was written: the call is delivered if it was answered
+        before (the answer is the last message of a stream, so this chunk carried it)."""
+        if self._calls.get(call, False):
             self._finish(call)
+
+    def delivered_whole(self, call: Call) -> None:
+        """A plain JSON response (the SDK's ``json_response`` mode) carrying the answer ended."""
+        self._finish(call)
 
     def forget(self, call: Call) -> None:
         self._finish(call, count=False)
@@ -63,8 +72,13 @@ class InFlight:
             await self._idle.wait()
 
 
-def requests_in(body: bytes) -> tuple[list[str], list[str]]:
-    """(ids of JSON-RPC requests, ids named by ``notifications/cancelled``) in a POST body.
+#: Requests a draining process still takes on its sessions: they start no work.
+HARMLESS_METHODS = frozenset({"ping"})
+
+
+def requests_in(body: bytes) -> tuple[list[str], list[str], bool]:
+    """(ids of JSON-RPC requests, ids named by ``notifications/cancelled``, whether any request
+    starts work, i.e. is not a ``ping``) in a POST body.
 
     Ids are given as the SDK names a request's stream (``str(id)``). A body that is not JSON-RPC
     yields nothing: the SDK answers it, and there is no call to wait for.
@@ -72,21 +86,23 @@ def requests_in(body: bytes) -> tuple[list[str], list[str]]:
     try:
         parsed: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        return [], []
+        return [], [], False
     requests: list[str] = []
     cancelled: list[str] = []
+    work = False
     for item in _items(parsed):
         method = item.get("method")
         if not isinstance(method, str):
             continue
         if "id" in item and isinstance(item["id"], str | int) and not isinstance(item["id"], bool):
             requests.append(str(item["id"]))
+            work = work or method not in HARMLESS_METHODS
         elif method == "notifications/cancelled":
             params = item.get("params")
             rid = params.get("requestId") if isinstance(params, dict) else None
             if isinstance(rid, str | int) and not isinstance(rid, bool):
                 cancelled.append(str(rid))
-    return requests, cancelled
+    return requests, cancelled, work
 
 
 def _items(parsed: Any) -> Iterator[dict[str, Any]]:
