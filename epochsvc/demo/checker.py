@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Kind = Literal["step", "ask", "done"]
+#: Response header naming the replica process that produced an answer (a forward keeps it).
+REPLICA_HEADER = "x-demo-replica"
 _KINDS: frozenset[str] = frozenset({"step", "ask", "done"})
 SEP = "|"
 
@@ -53,6 +55,7 @@ class Reconnect:
 
     same_process: bool | None  # None: the stream's origin was not known
     status: int
+    forwarded: bool = False  # another replica took it and forwarded it to the owner
     lossless: bool | None = None  # decided by what the call accepts after it
     delivered: bool = False
     base: tuple[int, int, int] = (0, 0, 0)  # violations counted before it
@@ -76,6 +79,7 @@ class CallCheck:
     duplicated: int = 0
     missing: int = 0
     outcome: Outcome = "pending"
+    refused: bool = False  # the server answered the call's own POST with 404: it never ran
     reconnects: list[Reconnect] = field(default_factory=list)
     _open: Reconnect | None = None
 
@@ -95,12 +99,14 @@ class CallCheck:
         if rc is not None and (rc.delivered or completed):
             rc.lossless = self._violations == rc.base
 
-    def reconnected(self, same_process: bool | None, status: int) -> None:
+    def reconnected(
+        self, same_process: bool | None, status: int, *, forwarded: bool = False
+    ) -> None:
         """A reconnect with ``Last-Event-ID`` was answered with ``status``. Whether it resumed
         losslessly is decided by what the call accepts next; a reconnect followed by nothing
         but another reconnect stays undecided (``None``)."""
         self._close()
-        rc = Reconnect(same_process, status, base=self._violations)
+        rc = Reconnect(same_process, status, forwarded, base=self._violations)
         self.reconnects.append(rc)
         if status < 300:
             self._open = rc
@@ -168,11 +174,20 @@ class Tally:
     undecided: int = 0
     same_process_lossless: int = 0
     same_process_lossy: int = 0
+    forwarded_reconnects: int = 0
+    #: Sessions in which a call did not complete: what the user of the session noticed.
+    broken_sessions: int = 0
+    #: Calls that failed after they had started (their owner died with them): never retried.
+    lost_in_flight: int = 0
+    #: Calls the server refused before they ran (404 on their own POST).
+    refused_calls: int = 0
 
     def add_session(self, calls: list[CallCheck]) -> None:
         self.sessions += 1
         if any(not c.clean for c in calls):
             self.corrupted_sessions += 1
+        if any(c.outcome != "completed" for c in calls):
+            self.broken_sessions += 1
         for c in calls:
             self.add_call(c)
 
@@ -182,12 +197,15 @@ class Tally:
         self.rejected_calls += c.outcome == "rejected"
         self.failed_calls += c.outcome == "failed"
         self.hung += c.outcome in ("hung", "pending")
+        self.refused_calls += c.outcome != "completed" and c.refused
+        self.lost_in_flight += c.outcome in ("failed", "rejected") and not c.refused
         self.foreign += c.foreign
         self.duplicated += c.duplicated
         self.missing += c.missing
         for rc in c.reconnects:
             self.reconnects += 1
-            self.same_process += rc.same_process is True
+            self.same_process += rc.same_process is True and not rc.forwarded
+            self.forwarded_reconnects += rc.forwarded
             self.cross_process += rc.same_process is False
             if rc.status == 404:
                 self.reconnects_rejected += 1

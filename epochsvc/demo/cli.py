@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 EPILOG = (
-    "Exit status 0 when the mcp-epoch fleet shows no corrupted session, no hung request, a "
-    "successful re-initialization after every rejection and lossless same-epoch resumption, "
-    "AND the naive fleet shows the failure (corrupted > 0 and hung > 0); 1 otherwise."
+    "Fleets: naive (counter IDs, adopts unknown sessions), sticky (the SDK with its example "
+    "in-memory store behind session affinity, plain SDK clients), plain (mcp-epoch servers, "
+    "plain SDK clients), epoch (mcp-epoch servers and EpochClient). Exit status 0 when every "
+    "fleet that ran meets its targets (see docs/demo.md); 1 otherwise."
 )
 
 
@@ -49,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--fleets",
-        default="naive,epoch",
-        help="which fleets to run, in order (default naive,epoch)",
+        default="naive,sticky,plain,epoch",
+        help="which fleets to run, in order (default naive,sticky,plain,epoch)",
     )
     parser.add_argument("--json", metavar="PATH", help="write the summary as JSON (- for stdout)")
     parser.add_argument(
@@ -80,15 +81,14 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from epochsvc.demo import report
-    from epochsvc.demo.fleet import Kind
-    from epochsvc.demo.scenario import FleetResult, local_driver, run_fleet
+    from epochsvc.demo.scenario import FLEETS, FleetName, FleetResult, local_driver, run_fleet
     from epochsvc.demo.service import EpochService
 
     names = [f.strip() for f in str(args.fleets).split(",") if f.strip()]
-    known: dict[str, Kind] = {"naive": "naive", "epoch": "epoch"}
-    fleets = [known[f] for f in names if f in known]
+    fleets: list[FleetName] = [f for f in FLEETS if f in names]
+    fleets.sort(key=names.index)
     if not fleets or len(fleets) != len(names):
-        print("mcp-epoch demo: --fleets takes naive and/or epoch", file=sys.stderr)
+        print(f"mcp-epoch demo: --fleets takes some of {', '.join(FLEETS)}", file=sys.stderr)
         return 2
     if args.clients < 1 or args.replicas < 1 or args.duration <= 0:
         print("mcp-epoch demo: clients, replicas and duration must be positive", file=sys.stderr)
@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
         f"mcp-epoch demo: {cfg.clients} clients, {cfg.replicas} replicas, ~{cfg.duration:g}s "
         f"of traffic per fleet, seed {cfg.seed}"
     )
-    service = EpochService(workdir) if "epoch" in fleets else None
+    needs_service = any(FLEETS[f].servers == "epoch" for f in fleets)
+    service = EpochService(workdir) if needs_service else None
     results: list[FleetResult] = []
     try:
         if service is not None:
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             log(f"epoch service: {service.url} (SQLite ledger in {workdir})")
         factory = local_driver(workdir, service, cfg.buffer_events, log)
         for kind in fleets:
-            log(f"[{'naive fleet' if kind == 'naive' else 'mcp-epoch fleet'}]")
+            log(f"[{FLEETS[kind].title}]")
             dump = workdir / f"calls-{kind}.jsonl" if args.workdir else None
             results.append(asyncio.run(run_fleet(kind, cfg, factory, log, dump)))
     except KeyboardInterrupt:

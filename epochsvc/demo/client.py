@@ -32,10 +32,10 @@ from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
-from epochsvc.demo.checker import CallCheck
+from epochsvc.demo.checker import REPLICA_HEADER, CallCheck
 from epochsvc.demo.proxy import BACKEND_HEADER, CLIENT_HEADER
 from mcp_epoch import EpochClient, ResumptionRejected
-from mcp_epoch.contract import REJECTED_HEADER
+from mcp_epoch.contract import FORWARDED_BY_HEADER, REJECTED_HEADER
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,8 @@ class ClientResult:
     calls: list[CallCheck] = field(default_factory=list)
     reinits: list[Reinit] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: Every ``Mcp-Resumption-Rejected`` reason this client was answered with.
+    reasons: dict[str, int] = field(default_factory=dict)
 
 
 class DemoClient(abc.ABC):
@@ -85,7 +87,7 @@ class DemoClient(abc.ABC):
         self._calls = 0
         self._current: CallCheck | None = None
         self._current_session = 0
-        self._stream_backend: str | None = None
+        self._stream_origin: str | None = None
 
     # --- what the client accepts ----------------------------------------------------------
 
@@ -99,29 +101,38 @@ class DemoClient(abc.ABC):
         return types.ElicitResult(action="accept", content={"token": message})
 
     def observe(self, session: int, response: httpx2.Response) -> None:
-        """Every HTTP response of this client: find the call's stream and its reconnects."""
+        """Every HTTP response of this client: find the call's stream and its reconnects.
+
+        The process that answered is the one the replica names (``X-Demo-Replica``; a
+        forwarded answer carries its owner's name), else the balancer's choice."""
+        reason = response.headers.get(REJECTED_HEADER)
+        if response.status_code == 404 and reason:
+            self.result.reasons[reason] = self.result.reasons.get(reason, 0) + 1
         call = self._current
         if call is None or session != self._current_session:
             return
         request = response.request
-        backend = response.headers.get(BACKEND_HEADER)
-        if request.method == "POST":
+        served = response.headers.get(REPLICA_HEADER) or response.headers.get(BACKEND_HEADER)
+        forwarded = FORWARDED_BY_HEADER in response.headers
+        if request.method == "POST" and b'"tools/call"' in request.content:
             ctype = response.headers.get("content-type", "")
-            if ctype.startswith("text/event-stream") and b'"tools/call"' in request.content:
-                self._stream_backend = backend
+            if ctype.startswith("text/event-stream"):
+                self._stream_origin = served
+            elif response.status_code == 404:
+                call.refused = True  # the server refused the call before it ran
         elif request.method == "GET" and "last-event-id" in request.headers:
-            origin = self._stream_backend
-            same = None if origin is None or backend is None else backend == origin
-            call.reconnected(same, response.status_code)
+            origin = self._stream_origin
+            same = None if origin is None or served is None else served == origin
+            call.reconnected(same, response.status_code, forwarded=forwarded)
             if response.status_code < 300:
-                self._stream_backend = backend
+                self._stream_origin = served
 
     def _new_call(self, session: int) -> tuple[CallCheck, dict[str, Any]]:
         self._calls += 1
         uid = f"{self.name}s{session}"
         call = CallCheck(uid, f"k{self._calls}", self.shape.steps, self.shape.asks)
         self.result.calls.append(call)
-        self._current, self._current_session, self._stream_backend = call, session, None
+        self._current, self._current_session, self._stream_origin = call, session, None
         args = {
             "uid": uid,
             "call": call.call,
@@ -271,6 +282,7 @@ class EpochDemoClient(DemoClient):
 def make_client(
     kind: str, index: int, url: str, shape: CallShape, stop: asyncio.Event
 ) -> DemoClient:
+    """``epoch``: :class:`EpochDemoClient`; ``plain``: the SDK client as it comes."""
     cls: type[DemoClient] = EpochDemoClient if kind == "epoch" else NaiveClient
     return cls(index, url, shape, stop)
 

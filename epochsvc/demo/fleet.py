@@ -29,7 +29,8 @@ from epochsvc.demo.proxy import Backend
 from epochsvc.demo.service import EpochService, epoch_path, operator_call
 from mcp_epoch import contract
 
-Kind = Literal["naive", "epoch"]
+#: What a fleet's replicas run: mcp-epoch, the naive model, or the SDK with its example store.
+Kind = Literal["naive", "epoch", "sdk"]
 NAMESPACE = "demo"
 SERVER = "demo"
 

@@ -14,6 +14,10 @@ Two routing policies:
   goes to whichever replica is next in the rotation, wherever the client's session lives.
 * ``request``: round-robin per HTTP request. No stateful MCP server can hold a session behind
   that (most requests reach a process that does not hold it), so it is there for comparison.
+* ``sticky``: session affinity on the ``Mcp-Session-Id`` header, what users put in front of
+  plain SDK servers today (and what Kubernetes MCP operators default to, by client IP or by
+  session header). A session is pinned to the replica that answered its ``initialize``; when
+  that replica leaves the set, the session's next request goes to the next one in the rotation.
 
 :meth:`Balancer.drop` cuts a client's connections mid-stream, the scenario's network failure.
 """
@@ -27,7 +31,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
 
-Policy = Literal["link", "request"]
+Policy = Literal["link", "request", "sticky"]
+SESSION_HEADER = b"mcp-session-id"
 CLIENT_HEADER = "x-demo-client"
 BACKEND_HEADER = "x-demo-backend"
 _HOP = frozenset(
@@ -73,6 +78,7 @@ class Balancer:
         self._backends: list[Backend] = []
         self._rr = itertools.count()
         self._pins: dict[str, Backend] = {}
+        self._sessions: dict[str, Backend] = {}  # sticky: session id -> its replica
         self._conns: dict[str, set[_Conn]] = defaultdict(set)
         self._server: asyncio.Server | None = None
         self.stats = ProxyStats()
@@ -111,6 +117,9 @@ class Balancer:
         for client, b in list(self._pins.items()):
             if b.name == name:
                 del self._pins[client]
+        for sid, b in list(self._sessions.items()):
+            if b.name == name:
+                del self._sessions[sid]
 
     def drop(self, client: str) -> int:
         """Cut every connection of ``client`` now (mid-stream), as a network failure would."""
@@ -122,9 +131,18 @@ class Balancer:
         self.stats.cut_connections += len(conns)
         return len(conns)
 
-    def _pick(self, client: str | None) -> Backend | None:
+    def _pick(self, client: str | None, session: str | None = None) -> Backend | None:
         if not self._backends:
             return None
+        if self.policy == "sticky":
+            if session is not None:
+                pinned = self._sessions.get(session)
+                if pinned is not None and pinned in self._backends:
+                    return pinned
+                backend = self._backends[next(self._rr) % len(self._backends)]
+                self._sessions[session] = backend
+                return backend
+            return self._backends[next(self._rr) % len(self._backends)]
         if self.policy == "link" and client is not None:
             pinned = self._pins.get(client)
             if pinned is not None and pinned in self._backends:
@@ -150,7 +168,7 @@ class Balancer:
                 client = _header(headers, CLIENT_HEADER.encode()) or client
                 if client is not None:
                     self._conns[client].add(conn)
-                backend = self._pick(client)
+                backend = self._pick(client, _header(headers, SESSION_HEADER))
                 if backend is None:
                     self.stats.no_backend += 1
                     writer.write(_simple(503, b"no replica available"))
@@ -200,6 +218,9 @@ class Balancer:
             fwd = [status_line]
             fwd += [k + b": " + v for k, v in rheaders if k not in _HOP]
             fwd.append(BACKEND_HEADER.encode() + b": " + backend.name.encode())
+            session = _header(rheaders, SESSION_HEADER)
+            if self.policy == "sticky" and session is not None:
+                self._sessions.setdefault(session, backend)
             if chunked:
                 fwd.append(b"transfer-encoding: chunked")
             down.write(b"\r\n".join(fwd) + b"\r\n\r\n")

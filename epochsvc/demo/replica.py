@@ -24,7 +24,7 @@ import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
-from epochsvc.demo.checker import Token
+from epochsvc.demo.checker import REPLICA_HEADER, Token
 from mcp_epoch import EpochSafeApp, epoch_safe_app, serve
 
 Scope = MutableMapping[str, Any]
@@ -93,18 +93,46 @@ class NoStandaloneStream:
         await self.app(scope, receive, send)
 
 
+class NameEveryAnswer:
+    """``X-Demo-Replica: <name>`` on every response this process itself produces (a forward
+    carries its owner's): which process really answered, whichever replica the balancer chose."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.header = (REPLICA_HEADER.encode(), REPLICA["name"].encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def named(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                if all(bytes(k).lower() != self.header[0] for k, _ in headers):
+                    message = {**message, "headers": [*headers, self.header]}
+            await send(message)
+
+        await self.app(scope, receive, named)
+
+
 def build(kind: str, buffer_events: int) -> tuple[ASGIApp, EpochSafeApp | None]:
     """The replica's ASGI app, and the epoch-safe app inside it (None for naive)."""
     if kind == "epoch":
         app = epoch_safe_app(mcp, retry_interval=RETRY_MS)  # the one line a server adds
-        return NoStandaloneStream(app), app
+        return NoStandaloneStream(NameEveryAnswer(app)), app
+    if kind == "sdk":
+        from epochsvc.demo.sdk_store import ExampleEventStore
+
+        sdk = mcp.streamable_http_app(event_store=ExampleEventStore(), retry_interval=RETRY_MS)
+        return NoStandaloneStream(NameEveryAnswer(sdk)), None
     from epochsvc.demo.naive_server import NaiveEventStore, make_naive
 
     inner = mcp.streamable_http_app(
         event_store=NaiveEventStore(buffer_events), retry_interval=RETRY_MS
     )
     make_naive(mcp.session_manager)
-    return NoStandaloneStream(inner), None
+    return NoStandaloneStream(NameEveryAnswer(inner)), None
 
 
 class AnnounceWhenStarted:
@@ -130,7 +158,7 @@ class AnnounceWhenStarted:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=("epoch", "naive"), required=True)
+    parser.add_argument("--kind", choices=("epoch", "naive", "sdk"), required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
@@ -150,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     announced = AnnounceWhenStarted(app, info)
     options: dict[str, Any] = {"log_level": "warning", "access_log": False}
-    if epoch_app is None:  # the naive fleet: plain uvicorn, which stops at once on SIGTERM
+    if epoch_app is None:  # naive and SDK servers: plain uvicorn, which stops soon after SIGTERM
         uvicorn.Server(
             uvicorn.Config(announced, lifespan="on", timeout_graceful_shutdown=1, **options)
         ).run(sockets=[sock])

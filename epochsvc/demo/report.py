@@ -1,8 +1,9 @@
-"""The verdict and the side-by-side table of the two fleets.
+"""The verdict and the side-by-side table of the fleets.
 
-The demo proves something only if both halves hold: the mcp-epoch fleet shows none of the
-failures, and the naive fleet, under the very same scenario, shows them (otherwise the scenario
-was too gentle to tell the two apart). :func:`verdict` lists every property that failed.
+The demo proves something only if every part holds: the mcp-epoch fleets meet their targets,
+mcp-epoch without affinity beats the SDK with affinity, and the naive fleet, under the very same
+scenario, shows the failures (otherwise the scenario was too gentle to tell them apart).
+:func:`verdict` lists every property that failed.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from epochsvc.demo.scenario import FleetResult
+from epochsvc.demo.scenario import FLEETS, FleetResult
 
 Row = tuple[str, Callable[[FleetResult], object]]
 
@@ -19,19 +20,27 @@ def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}s"
 
 
+def _pct(v: float) -> str:
+    return f"{v:.1f}%"
+
+
 ROWS: list[Row] = [
     ("sessions", lambda f: f.tally.sessions),
+    ("  broken for their user (a call failed)", lambda f: f.tally.broken_sessions),
     ("corrupted sessions (foreign/dup/missing accepted)", lambda f: f.tally.corrupted_sessions),
     ("  foreign events accepted", lambda f: f.tally.foreign),
     ("  duplicated events accepted", lambda f: f.tally.duplicated),
     ("  missing events", lambda f: f.tally.missing),
     ("tool calls", lambda f: f.tally.calls),
-    ("  completed", lambda f: f.tally.completed),
+    ("  completed", lambda f: f"{f.tally.completed} ({_pct(f.completion_pct)})"),
     ("  failed fast (rejected)", lambda f: f.tally.rejected_calls),
     ("  failed (other errors)", lambda f: f.tally.failed_calls),
     ("  hung (no answer, no error by deadline)", lambda f: f.tally.hung),
+    ("  refused before they ran (404)", lambda f: f.tally.refused_calls),
+    ("  lost in flight (failed after starting)", lambda f: f.tally.lost_in_flight),
     ("Last-Event-ID reconnects", lambda f: f.tally.reconnects),
     ("  to the same process", lambda f: f.tally.same_process),
+    ("  forwarded to the owning process", lambda f: f.tally.forwarded_reconnects),
     ("  to another process", lambda f: f.tally.cross_process),
     ("  resumed losslessly", lambda f: f.tally.lossless),
     ("  resumed wrongly (corrupt, or never answered)", lambda f: f.tally.lossy),
@@ -44,14 +53,26 @@ ROWS: list[Row] = [
     ("  rejected (404, re-initialize)", lambda f: f.tally.reconnects_rejected),
     ("rejections -> re-initialized", lambda f: f"{f.reinits} -> {f.reinits_ok}"),
     ("  re-init time p50 / p99", lambda f: f"{_s(f.reinit_p50)} / {_s(f.reinit_p99)}"),
+    ("  reasons", lambda f: _reasons(f.reasons)),
+    ("requests forwarded to their owner", lambda f: f.forwarded),
+    ("drain time p50 / max", lambda f: f"{_s(f.drain_p50)} / {_s(f.drain_max)}"),
     ("random drops (connections cut)", lambda f: f.drops),
     ("requests through the balancer", lambda f: f.requests),
     ("wall time", lambda f: f"{f.seconds:.1f}s"),
 ]
 
+#: The epoch fleet's completion target (issue: >= 99.5% of tool calls, no balancer affinity).
+TARGET_COMPLETION_PCT = 99.5
+#: Rejections that mean "the owner was alive": forwarded instead, so never seen by a client.
+AVOIDABLE = ("live-elsewhere", "draining")
+
+
+def _reasons(reasons: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "-"
+
 
 def table(fleets: list[FleetResult]) -> str:
-    head = ["", *(("naive fleet" if f.kind == "naive" else "mcp-epoch fleet") for f in fleets)]
+    head = ["", *(FLEETS[f.kind].title for f in fleets)]
     rows = [head] + [[label, *(str(get(f)) for f in fleets)] for label, get in ROWS]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = []
@@ -65,33 +86,64 @@ def table(fleets: list[FleetResult]) -> str:
     return "\n".join(lines)
 
 
+def _safe(f: FleetResult, failed: list[str]) -> None:
+    """What every mcp-epoch fleet must show, whatever its clients."""
+    t, name = f.tally, FLEETS[f.kind].title
+    if t.corrupted_sessions:
+        failed.append(f"{name}: {t.corrupted_sessions} corrupted sessions (want 0)")
+    if t.hung:
+        failed.append(f"{name}: {t.hung} hung requests (want 0)")
+    if t.cross_process_resumed:
+        failed.append(
+            f"{name}: {t.cross_process_resumed} reconnects were resumed by a process that does "
+            "not own the stream"
+        )
+    if t.same_process_lossy:
+        failed.append(f"{name}: {t.same_process_lossy} same-epoch reconnects were not lossless")
+    avoidable = sum(f.reasons.get(r, 0) for r in AVOIDABLE)
+    if avoidable:
+        failed.append(
+            f"{name}: {avoidable} rejections for an owner that was alive (want 0: forwarded)"
+        )
+
+
 def verdict(fleets: list[FleetResult]) -> list[str]:
     """Every property that does not hold (empty: the demo proved its point)."""
     failed: list[str] = []
     by_kind = {f.kind: f for f in fleets}
     ep = by_kind.get("epoch")
     if ep is not None:
-        t = ep.tally
-        if t.corrupted_sessions:
-            failed.append(f"mcp-epoch fleet: {t.corrupted_sessions} corrupted sessions (want 0)")
-        if t.hung:
-            failed.append(f"mcp-epoch fleet: {t.hung} hung requests (want 0)")
+        _safe(ep, failed)
+        if ep.completion_pct < TARGET_COMPLETION_PCT:
+            failed.append(
+                f"mcp-epoch fleet: {ep.completion_pct}% of tool calls completed "
+                f"(want >= {TARGET_COMPLETION_PCT}%)"
+            )
         if ep.reinits_ok != ep.reinits:
             failed.append(
                 f"mcp-epoch fleet: {ep.reinits - ep.reinits_ok} of {ep.reinits} rejections "
                 "were not followed by a successful re-initialization"
             )
-        if t.cross_process_resumed:
+    plain = by_kind.get("plain")
+    if plain is not None:
+        _safe(plain, failed)
+        if plain.tally.lost_in_flight:
             failed.append(
-                f"mcp-epoch fleet: {t.cross_process_resumed} reconnects to another process "
-                "were resumed instead of rejected"
+                f"mcp-epoch, SDK clients: {plain.tally.lost_in_flight} calls failed after they "
+                "had started (want 0: only new calls on a gone owner's session may fail)"
             )
-        if t.same_process_lossy:
+    sticky = by_kind.get("sticky")
+    if sticky is not None and ep is not None:
+        if ep.tally.completed * sticky.tally.calls <= sticky.tally.completed * ep.tally.calls:
             failed.append(
-                f"mcp-epoch fleet: {t.same_process_lossy} same-epoch reconnects were not lossless"
+                f"mcp-epoch fleet completed {ep.completion_pct}% of calls, not more than the "
+                f"SDK + affinity fleet's {sticky.completion_pct}%"
             )
-        if not t.same_process_lossless:
-            failed.append("mcp-epoch fleet: no same-epoch reconnect happened (nothing to show)")
+        if ep.tally.broken_sessions >= max(1, sticky.tally.broken_sessions):
+            failed.append(
+                f"mcp-epoch fleet broke {ep.tally.broken_sessions} sessions, not fewer than "
+                f"the SDK + affinity fleet's {sticky.tally.broken_sessions}"
+            )
     nv = by_kind.get("naive")
     if nv is not None:
         if not nv.tally.corrupted_sessions:
@@ -108,9 +160,13 @@ def success_line(kinds: set[str]) -> str:
         parts.append("the naive fleet corrupted sessions and hung requests")
     if "epoch" in kinds:
         parts.append(
-            "the mcp-epoch fleet had none, re-initialized after every rejection and resumed "
-            "same-epoch reconnects losslessly"
+            f"the mcp-epoch fleet completed >= {TARGET_COMPLETION_PCT}% of calls with no "
+            "corrupted or hung one, forwarding every request of a live owner"
         )
+    if "plain" in kinds:
+        parts.append("plain SDK clients of mcp-epoch lost no call in flight")
+    if "sticky" in kinds and "epoch" in kinds:
+        parts.append("and mcp-epoch without affinity beat the SDK with affinity")
     return "; ".join(parts) + "."
 
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from epochsvc.demo.checker import CallCheck, Tally
 from epochsvc.demo.client import CallShape, ClientResult, drop_schedule, make_client
@@ -30,6 +30,26 @@ from epochsvc.demo.service import EpochService
 
 DriverFactory = Callable[[Kind, Balancer], FleetDriver]
 Log = Callable[[str], None]
+FleetName = Literal["naive", "sticky", "plain", "epoch"]
+ClientKind = Literal["plain", "epoch"]
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """One column of the demo: which servers, which clients, which balancer."""
+
+    servers: Kind
+    clients: ClientKind
+    policy: Policy | None  # None: the scenario's balancer policy
+    title: str
+
+
+FLEETS: dict[FleetName, FleetSpec] = {
+    "naive": FleetSpec("naive", "plain", None, "naive fleet"),
+    "sticky": FleetSpec("sdk", "plain", "sticky", "SDK + affinity"),
+    "plain": FleetSpec("epoch", "plain", None, "mcp-epoch, SDK clients"),
+    "epoch": FleetSpec("epoch", "epoch", None, "mcp-epoch fleet"),
+}
 
 
 @dataclass(frozen=True)
@@ -49,7 +69,7 @@ class ScenarioConfig:
 
 @dataclass
 class FleetResult:
-    kind: Kind
+    kind: FleetName
     tally: Tally
     reinits: int
     reinits_ok: int
@@ -61,11 +81,32 @@ class FleetResult:
     replicas: list[dict[str, Any]]
     seconds: float
     errors: list[str]
+    forwarded: int = 0
+    drains: list[float] = field(default_factory=list)
+
+    @property
+    def completion_pct(self) -> float:
+        return (
+            round(100.0 * self.tally.completed / self.tally.calls, 2) if self.tally.calls else 0.0
+        )
+
+    @property
+    def drain_p50(self) -> float | None:
+        return percentile(self.drains, 50)
+
+    @property
+    def drain_max(self) -> float | None:
+        return max(self.drains) if self.drains else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "fleet": self.kind,
+            "title": FLEETS[self.kind].title,
             **asdict(self.tally),
+            "completion_pct": self.completion_pct,
+            "forwarded_requests": self.forwarded,
+            "drain_p50_s": self.drain_p50,
+            "drain_max_s": self.drain_max,
             "rejections": self.reinits,
             "reinits_ok": self.reinits_ok,
             "reinit_p50_s": self.reinit_p50,
@@ -106,7 +147,7 @@ def local_driver(
 
 
 async def run_fleet(
-    kind: Kind,
+    kind: FleetName,
     cfg: ScenarioConfig,
     factory: DriverFactory,
     log: Log,
@@ -115,14 +156,17 @@ async def run_fleet(
     """Run the scenario on one fleet; ``dump`` gets one JSON line per call that was not a
     clean completion (and every client error), for looking into a run afterwards."""
     t_start = time.monotonic()
-    lb = Balancer(cfg.policy)
+    spec = FLEETS[kind]
+    lb = Balancer(spec.policy or cfg.policy)
     await lb.start()
-    driver = factory(kind, lb)
+    driver = factory(spec.servers, lb)
     stop = asyncio.Event()
     try:
         await driver.start(cfg.replicas)
-        log(f"  {cfg.replicas} replicas up, balancer on {lb.url} ({cfg.policy} round-robin)")
-        clients = [make_client(kind, i, lb.url, cfg.shape, stop) for i in range(cfg.clients)]
+        log(f"  {cfg.replicas} replicas up, balancer on {lb.url} ({lb.policy} routing)")
+        clients = [
+            make_client(spec.clients, i, lb.url, cfg.shape, stop) for i in range(cfg.clients)
+        ]
         tasks = []
         for c in clients:
             tasks.append(asyncio.create_task(c.run()))
@@ -187,7 +231,7 @@ async def _chaos(lb: Balancer, names: list[str], cfg: ScenarioConfig, t0: float)
 
 
 def _fold(
-    kind: Kind,
+    kind: FleetName,
     results: list[ClientResult],
     errors: list[str],
     lb: Balancer,
@@ -205,8 +249,9 @@ def _fold(
     reinits = [x for r in results for x in r.reinits]
     took = sorted(x.seconds for x in reinits if x.seconds is not None)
     reasons: dict[str, int] = {}
-    for x in reinits:
-        reasons[x.reason] = reasons.get(x.reason, 0) + 1
+    for r in results:
+        for reason, n in r.reasons.items():
+            reasons[reason] = reasons.get(reason, 0) + n
     return FleetResult(
         kind=kind,
         tally=tally,
@@ -229,4 +274,6 @@ def _fold(
         ],
         seconds=seconds,
         errors=errors,
+        forwarded=sum(int(r.drain.get("forwarded", 0)) for r in replicas),
+        drains=sorted(float(r.drain["drained"]) for r in replicas if "drained" in r.drain),
     )

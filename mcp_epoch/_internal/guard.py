@@ -305,8 +305,7 @@ class ResumptionGuard:
                     return
                 message = dict(message, headers=self._outgoing(message, tag, fresh, own))
                 whole = message.get("status", 200) < 300 and any(
-                    bytes(k).lower() == b"content-type"
-                    and bytes(v).startswith(b"application/json")
+                    bytes(k).lower() == b"content-type" and bytes(v).startswith(b"application/json")
                     for k, v in message["headers"]
                 )
             elif swallowing:
