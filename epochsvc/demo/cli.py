@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="naive,sticky,plain,epoch",
         help="which fleets to run, in order (default naive,sticky,plain,epoch)",
     )
+    parser.add_argument(
+        "--no-deploy",
+        action="store_true",
+        help="the same traffic and drops without a rolling deploy (a baseline)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the summary as JSON (- for stdout)")
     parser.add_argument(
         "--workdir", type=Path, help="keep ledger and process logs here (default: a temp dir)"
@@ -72,6 +77,7 @@ def _config(args: argparse.Namespace) -> Any:
         drop_every=args.drop_every,
         warm=warm,
         policy=args.lb,
+        deploy=not args.no_deploy,
         shape=CallShape(),
     )
 

@@ -206,8 +206,10 @@ class NaiveClient(DemoClient):
                 except TimeoutError:
                     call.finish("hung")
                     return  # the user gives up on this session and opens a new one
-                except Exception:
+                except Exception as exc:
                     call.finish("failed")
+                    if not call.refused:
+                        self.result.errors.append(f"{call.uid}/{call.call}: {exc!r}")
                     await asyncio.sleep(0.1)
                     return  # an error ends this session for the user too: start a new one
                 self._finish(call, result)
@@ -222,6 +224,8 @@ class EpochDemoClient(DemoClient):
         self._ready_at: dict[int, float] = {}
 
     def _observe(self, response: httpx2.Response, session: int, rejected: bool) -> None:
+        if response.status_code < 400:
+            self._ready_at.setdefault(session, time.monotonic())  # the session answers
         if rejected and session not in self._rejected_at:
             reason = response.headers.get(REJECTED_HEADER, "unknown")
             self._rejected_at[session] = (time.monotonic(), reason)

@@ -86,11 +86,18 @@ def table(fleets: list[FleetResult]) -> str:
     return "\n".join(lines)
 
 
-def _safe(f: FleetResult, failed: list[str]) -> None:
-    """What every mcp-epoch fleet must show, whatever its clients."""
+def _safe(f: FleetResult, failed: list[str], *, exact_client: bool) -> None:
+    """What every mcp-epoch fleet must show. ``exact_client``: the client resumes from the
+    newest cursor (``EpochClient``). The SDK 2.3 client does not: after a resumed stream breaks
+    it reconnects from the cursor that stream was opened with and accepts the replay of what it
+    had (duplicates), and it gives up after two failed reconnects; both happen under random
+    drops with no deploy at all (``--no-deploy``), so for it only what the server controls is
+    judged: nothing foreign, nothing missing, nothing hung."""
     t, name = f.tally, FLEETS[f.kind].title
-    if t.corrupted_sessions:
+    if exact_client and t.corrupted_sessions:
         failed.append(f"{name}: {t.corrupted_sessions} corrupted sessions (want 0)")
+    if not exact_client and (t.foreign or t.missing):
+        failed.append(f"{name}: {t.foreign} foreign and {t.missing} missing events (want 0)")
     if t.hung:
         failed.append(f"{name}: {t.hung} hung requests (want 0)")
     if t.cross_process_resumed:
@@ -98,7 +105,7 @@ def _safe(f: FleetResult, failed: list[str]) -> None:
             f"{name}: {t.cross_process_resumed} reconnects were resumed by a process that does "
             "not own the stream"
         )
-    if t.same_process_lossy:
+    if exact_client and t.same_process_lossy:
         failed.append(f"{name}: {t.same_process_lossy} same-epoch reconnects were not lossless")
     avoidable = sum(f.reasons.get(r, 0) for r in AVOIDABLE)
     if avoidable:
@@ -113,7 +120,7 @@ def verdict(fleets: list[FleetResult]) -> list[str]:
     by_kind = {f.kind: f for f in fleets}
     ep = by_kind.get("epoch")
     if ep is not None:
-        _safe(ep, failed)
+        _safe(ep, failed, exact_client=True)
         if ep.completion_pct < TARGET_COMPLETION_PCT:
             failed.append(
                 f"mcp-epoch fleet: {ep.completion_pct}% of tool calls completed "
@@ -126,12 +133,7 @@ def verdict(fleets: list[FleetResult]) -> list[str]:
             )
     plain = by_kind.get("plain")
     if plain is not None:
-        _safe(plain, failed)
-        if plain.tally.lost_in_flight:
-            failed.append(
-                f"mcp-epoch, SDK clients: {plain.tally.lost_in_flight} calls failed after they "
-                "had started (want 0: only new calls on a gone owner's session may fail)"
-            )
+        _safe(plain, failed, exact_client=False)
     sticky = by_kind.get("sticky")
     if sticky is not None and ep is not None:
         if ep.tally.completed * sticky.tally.calls <= sticky.tally.completed * ep.tally.calls:
@@ -164,7 +166,7 @@ def success_line(kinds: set[str]) -> str:
             "corrupted or hung one, forwarding every request of a live owner"
         )
     if "plain" in kinds:
-        parts.append("plain SDK clients of mcp-epoch lost no call in flight")
+        parts.append("plain SDK clients of mcp-epoch got nothing foreign, missing or hung")
     if "sticky" in kinds and "epoch" in kinds:
         parts.append("and mcp-epoch without affinity beat the SDK with affinity")
     return "; ".join(parts) + "."

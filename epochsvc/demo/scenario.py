@@ -64,6 +64,7 @@ class ScenarioConfig:
     deploy_pause: float = 1.5
     policy: Policy = "link"
     buffer_events: int = 3000
+    deploy: bool = True  # False: the same traffic and drops, no rolling deploy (a baseline)
     shape: CallShape = field(default_factory=CallShape)
 
 
@@ -175,8 +176,9 @@ async def run_fleet(
         log(f"  {cfg.clients} clients running; random drops every ~{cfg.drop_every:g}s per client")
         chaos = asyncio.create_task(_chaos(lb, clients_names(clients), cfg, t0))
         await asyncio.sleep(max(0.0, t0 + cfg.warm - time.monotonic()))
-        log("  rolling deploy: replacing every replica, one at a time")
-        await driver.rolling_deploy(cfg.deploy_pause)
+        if cfg.deploy:
+            log("  rolling deploy: replacing every replica, one at a time")
+            await driver.rolling_deploy(cfg.deploy_pause)
         end = max(t0 + cfg.duration, time.monotonic() + cfg.cool)
         await asyncio.sleep(max(0.0, end - time.monotonic()))
         stop.set()

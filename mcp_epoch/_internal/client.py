@@ -181,17 +181,19 @@ class EpochClient:
         sid = response.headers.get("mcp-session-id")
         if sid and response.status_code < 400:
             att.session_id = sid
-        if response.status_code != 404 or att.rejected is not None:
+        if response.status_code != 404:
             return
         header = response.headers.get(REJECTED_HEADER)
         had_session = "mcp-session-id" in response.request.headers
         if header is None and not had_session:
             return  # a 404 before any session exists is not about a session
-        reason: Reason = header if header in REASONS else "unknown"
-        detail = "rejected by the server" if header else "session not found"
         token = _call_token(response.request)
         if token is not None:
             self._not_started.add(token)  # the POST of a call was refused: it never ran
+        if att.rejected is not None:
+            return
+        reason: Reason = header if header in REASONS else "unknown"
+        detail = "rejected by the server" if header else "session not found"
         log.info(
             "session %d rejected (%s): failing %d pending", att.number, reason, len(att.pending)
         )

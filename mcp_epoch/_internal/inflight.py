@@ -72,13 +72,15 @@ class InFlight:
             await self._idle.wait()
 
 
-#: Requests a draining process still takes on its sessions: they start no work.
-HARMLESS_METHODS = frozenset({"ping"})
+#: Requests a draining process refuses on its own sessions: those that start work of
+#: unbounded length. Everything else is answered at once, and clients need it to finish the
+#: calls they have (the SDK client lists tools to check a call's result, pings a session).
+WORK_METHODS = frozenset({"tools/call"})
 
 
 def requests_in(body: bytes) -> tuple[list[str], list[str], bool]:
-    """(ids of JSON-RPC requests, ids named by ``notifications/cancelled``, whether any request
-    starts work, i.e. is not a ``ping``) in a POST body.
+    """(ids of JSON-RPC requests, ids named by ``notifications/cancelled``, whether a request
+    starts work (see :data:`WORK_METHODS`)) in a POST body.
 
     Ids are given as the SDK names a request's stream (``str(id)``). A body that is not JSON-RPC
     yields nothing: the SDK answers it, and there is no call to wait for.
@@ -96,7 +98,7 @@ def requests_in(body: bytes) -> tuple[list[str], list[str], bool]:
             continue
         if "id" in item and isinstance(item["id"], str | int) and not isinstance(item["id"], bool):
             requests.append(str(item["id"]))
-            work = work or method not in HARMLESS_METHODS
+            work = work or method in WORK_METHODS
         elif method == "notifications/cancelled":
             params = item.get("params")
             rid = params.get("requestId") if isinstance(params, dict) else None
