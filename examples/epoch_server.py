@@ -6,7 +6,7 @@ Adopting the library is one line on top of an ordinary SDK server::
 
 Run: ``python examples/epoch_server.py --port 8000`` (environment: MCP_EPOCH,
 MCP_EPOCH_SERVICE_URL, MCP_EPOCH_SERVICE_TOKEN, MCP_SERVER_NAMESPACE, MCP_SERVER_NAME,
-MCP_POD_NAME, MCP_POD_UID, MCP_RESUME_BUFFER_EVENTS; all optional).
+MCP_POD_NAME, MCP_POD_UID, MCP_RESUME_BUFFER_EVENTS, MCP_EPOCH_DRAIN_SECONDS; all optional).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import json
 import sys
 
 import anyio
-import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 
 import mcp_epoch
@@ -48,15 +47,11 @@ async def epoch(ctx: Context = None) -> str:  # type: ignore[assignment]
     return str(app.epoch)
 
 
-async def serve(host: str, port: int) -> None:
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    # uvicorn's lifespan would start the app too; starting it here first lets us announce
-    # the epoch this process got before it serves (a supervisor or a test reads this line).
-    async with app.running():
-        start = app.process_start
-        info = {"epoch": str(app.epoch), "registered": bool(start and start.registered)}
-        print(json.dumps(info), flush=True)
-        await server.serve()
+def announce(app: mcp_epoch.EpochSafeApp) -> None:
+    """One JSON line once serving: the epoch this process got (a supervisor or a test reads it)."""
+    start = app.process_start
+    info = {"epoch": str(app.epoch), "registered": bool(start and start.registered)}
+    print(json.dumps(info), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
-    anyio.run(serve, args.host, args.port)
+    # uvicorn underneath; SIGTERM drains (the calls in flight finish) before the process exits.
+    mcp_epoch.serve(app, host=args.host, port=args.port, on_started=announce, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,13 @@ class ChangeNotifier:
     def __init__(self) -> None:
         self._event = asyncio.Event()
         self.waiters = 0
+        self.closed = False
+
+    def close(self) -> None:
+        """The service is stopping: answer every long poll now, and later ones at once, so
+        replicas move to another service replica instead of holding this one open."""
+        self.closed = True
+        self.notify()
 
     def notify(self) -> None:
         """Wake every current waiter; later waiters wait for the next change."""
@@ -40,7 +47,7 @@ class ChangeNotifier:
                 event = self._event
                 newest, ledger = await store.server_revision(namespace, server)
                 # since > ledger: the caller's copy came from another (replaced) ledger.
-                if newest > since or since > ledger:
+                if newest > since or since > ledger or self.closed:
                     return
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

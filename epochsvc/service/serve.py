@@ -5,26 +5,38 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+from types import FrameType
 
 import uvicorn
 
 from epochsvc import logs
 from epochsvc.service.app import create_app, resolve_tokens
 from epochsvc.service.headers import bounded
+from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.settings import Settings
 from epochsvc.service.store import StoreUnavailable, open_store
 from epochsvc.service.store.sql import describe_url
 
 
 class _AnnouncingServer(uvicorn.Server):
-    """Prints the listening address once the app has started (lifespan done, store open)."""
+    """Prints the listening address once the app has started (lifespan done, store open), and
+    on the exit signal answers the long polls at once (uvicorn waits for open requests before
+    it shuts the app down, and a long poll would hold it for its whole wait)."""
 
     announce = ""
+    notifier: ChangeNotifier | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if self.started:
             print(self.announce, flush=True)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is not None and self.notifier is not None:
+            self._loop.call_soon_threadsafe(self.notifier.close)
+        super().handle_exit(sig, frame)
 
 
 def serve(host: str, port: int, log_level: str | None = None) -> int:
@@ -58,8 +70,9 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
             f"generated {role} token (set EPOCHSVC_{role.upper()}_TOKEN to choose one): {value}",
             flush=True,
         )
+    app = create_app(settings, tokens, store)
     config = uvicorn.Config(
-        create_app(settings, tokens, store),
+        app,
         log_config=None,
         log_level=level,
         access_log=level == "debug",
@@ -67,6 +80,7 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
         http=bounded(settings.max_header_bytes),
     )
     server = _AnnouncingServer(config)
+    server.notifier = app.state.notifier
     server.announce = (
         f"epoch service listening on http://{url_host}:{bound_port} "
         f"(ledger {store.ledger_id[:8]} in {describe_url(settings.database_url)})"

@@ -304,6 +304,9 @@ class ResumptionGuard:
                     await send_rejection(send, "unknown", "the server could not replay")
                     return
                 message = dict(message, headers=self._outgoing(message, tag, fresh, own))
+                if resume is None and message.get("status", 200) >= 400:
+                    for rid in streams:  # refused by the SDK (e.g. an ended session): no call
+                        self.inflight.forget((tag, rid))
                 whole = message.get("status", 200) < 300 and any(
                     bytes(k).lower() == b"content-type" and bytes(v).startswith(b"application/json")
                     for k, v in message["headers"]

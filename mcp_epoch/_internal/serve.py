@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -26,15 +27,26 @@ log = logging.getLogger("mcp_epoch")
 class DrainingServer(uvicorn.Server):
     """A ``uvicorn.Server`` whose first exit signal drains ``epoch_app`` before stopping."""
 
-    def __init__(self, config: uvicorn.Config, epoch_app: EpochSafeApp) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        epoch_app: EpochSafeApp,
+        on_started: Callable[[EpochSafeApp], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.epoch_app = epoch_app
+        self.on_started = on_started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started(self.epoch_app)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._loop is None or self._drain is not None or not self.started:
@@ -62,14 +74,17 @@ def serve(
     port: int = 8000,
     asgi: ASGIApp | None = None,
     sockets: list[socket.socket] | None = None,
+    on_started: Callable[[EpochSafeApp], None] | None = None,
     **options: Any,
 ) -> None:
     """Serve ``app`` (or ``asgi``, an app wrapping it) until a signal, draining on the first.
 
-    ``options`` go to ``uvicorn.Config``; a short ``timeout_graceful_shutdown`` is the default,
-    since by then the calls are done and only idle streams remain.
+    ``on_started(app)`` runs once the app has its epoch and the server listens (to announce
+    it to a supervisor, say). ``options`` go to ``uvicorn.Config``; a short
+    ``timeout_graceful_shutdown`` is the default, since by then the calls are done and only
+    idle streams remain.
     """
     options.setdefault("timeout_graceful_shutdown", 1)
     options.setdefault("lifespan", "on")
     config = uvicorn.Config(asgi if asgi is not None else app, host=host, port=port, **options)
-    DrainingServer(config, app).run(sockets=sockets)
+    DrainingServer(config, app, on_started).run(sockets=sockets)

@@ -1,0 +1,181 @@
+"""Forwarding to the owner and graceful drain, between real server processes.
+
+Two example servers (``examples/epoch_server.py``) share a real epoch service; each is bound in
+the ledger with its loopback address as the operator binds a pod with its IP. A request sent
+to the replica that does not own its session must reach the owner, streams included; a drained
+owner must finish its calls, refuse new ones and send new sessions to a live peer.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from mcp_epoch.contract import FORWARDED_BY_HEADER, FORWARDED_TO_HEADER, REJECTED_HEADER
+from tests.replica.conftest import RawSession, ServerProc, parse_sse, progress_of, start_server
+from tests.support.epochsvc_proc import EpochServiceProcess
+
+NS, SERVER = "ns", "fwd"
+
+
+@dataclass
+class Replica:
+    srv: ServerProc
+    pod_epoch: str
+
+    @property
+    def url(self) -> str:
+        return self.srv.url
+
+
+def launch(svc: EpochServiceProcess, name: str, **env: str) -> Replica:
+    """Issue, bind, start, then bind again with the address: the order a pod goes through."""
+    pod_epoch = svc.issue(NS, SERVER, f"req-{name}")
+    bind = {"pod_name": name, "pod_uid": f"uid-{name}"}
+    svc.op(f"/v1/epochs/{pod_epoch}/bind", bind)
+    srv = start_server({**svc.replica_env(pod_epoch, NS, SERVER), "MCP_POD_NAME": name, **env})
+    svc.op(f"/v1/epochs/{pod_epoch}/bind", {**bind, "address": f"127.0.0.1:{srv.port}"})
+    return Replica(srv, pod_epoch)
+
+
+def forwarded_ping(via: Replica, session: RawSession, http: httpx.Client) -> bool:
+    r = http.post(
+        via.url,
+        json={"jsonrpc": "2.0", "id": 999, "method": "ping"},
+        headers=session.headers(),
+    )
+    return r.status_code == 200 and FORWARDED_BY_HEADER in r.headers
+
+
+def until(condition: object, within: float = 15.0) -> None:
+    """Wait for a condition the servers reach on their own (a ledger copy catching up)."""
+    deadline = time.monotonic() + within
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def pair(epoch_service: EpochServiceProcess, http: httpx.Client) -> Iterator[tuple[Replica, ...]]:
+    a = launch(epoch_service, "a")
+    b = launch(epoch_service, "b")
+    try:
+        # B's copy of the ledger learns A's address (and A's of B's) through its long poll.
+        probe_a = RawSession(a.url, http).initialize()
+        probe_b = RawSession(b.url, http).initialize()
+        until(lambda: forwarded_ping(b, probe_a, http) and forwarded_ping(a, probe_b, http))
+        yield a, b
+    finally:
+        a.srv.stop()
+        b.srv.stop()
+
+
+def test_every_request_of_a_session_reaches_its_owner(
+    pair: tuple[Replica, Replica], http: httpx.Client
+) -> None:
+    a, b = pair
+    s = RawSession(a.url, http).initialize()
+    assert s.session_id is not None and s.session_id.startswith(a.srv.epoch + "_")
+    # A whole call through B: its SSE response streams from A, exactly.
+    s.url = b.url
+    events = s.countdown(5, request_id=7)
+    assert progress_of(events) == [1, 2, 3, 4, 5]
+    assert all(e.id is None or e.id.startswith(a.srv.epoch + ":") for e in events)
+    # A call whose stream A closes (polling), resumed through B from its cursor.
+    s.url = a.url
+    first = s.countdown(6, close_after=2, request_id=8)
+    cursor = [e.id for e in first if e.id][-1]
+    s.url = b.url
+    r, rest = s.resume(cursor)
+    assert r.status_code == 200 and r.headers[FORWARDED_BY_HEADER] == a.srv.epoch
+    assert progress_of(first) + progress_of(rest) == [1, 2, 3, 4, 5, 6]
+    # DELETE through B ends the session on A.
+    d = http.delete(b.url, headers=s.headers())
+    assert d.status_code == 200 and d.headers[FORWARDED_BY_HEADER] == a.srv.epoch
+    s.url = a.url
+    gone, _ = s.post("ping")
+    assert gone.status_code == 404
+
+
+def test_a_request_meant_for_another_process_is_refused(
+    pair: tuple[Replica, Replica], http: httpx.Client
+) -> None:
+    a, b = pair
+    s = RawSession(a.url, http).initialize()
+    body = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    wrong = http.post(a.url, json=body, headers={**s.headers(), FORWARDED_TO_HEADER: b.srv.epoch})
+    assert wrong.status_code == 421
+    right = http.post(a.url, json=body, headers={**s.headers(), FORWARDED_TO_HEADER: a.srv.epoch})
+    assert right.status_code == 200
+    # A forwarded request is never forwarded again (hop limit one): B refuses A's session.
+    hop = http.post(b.url, json=body, headers={**s.headers(), FORWARDED_TO_HEADER: b.srv.epoch})
+    assert hop.status_code == 404 and hop.headers[REJECTED_HEADER]
+
+
+def test_a_session_whose_owner_is_gone_is_rejected_not_forwarded(
+    pair: tuple[Replica, Replica], http: httpx.Client, epoch_service: EpochServiceProcess
+) -> None:
+    a, b = pair
+    s = RawSession(a.url, http).initialize()
+    a.srv.proc.kill()  # no drain: the process is simply gone
+    a.srv.proc.wait(5)
+    s.url = b.url
+    r, _ = s.post("ping")
+    assert r.status_code == 404 and r.headers[REJECTED_HEADER] == "retired"
+    epoch_service.op(f"/v1/epochs/{a.pod_epoch}/retire")
+    r, _ = s.post("ping")
+    assert r.status_code == 404 and r.headers[REJECTED_HEADER] == "retired"
+
+
+def test_a_draining_owner_finishes_its_calls_refuses_new_ones_and_exits(
+    pair: tuple[Replica, Replica], http: httpx.Client
+) -> None:
+    a, b = pair
+    s = RawSession(a.url, http).initialize()
+    params = {
+        "name": "countdown",
+        "arguments": {"n": 20, "delay": 0.1},
+        "_meta": {"progressToken": "long"},
+    }
+    body = {"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": params}
+    with http.stream("POST", b.url, json=body, headers=s.headers()) as call:
+        lines = call.iter_lines()
+        # The call runs on A (through B): its first progress arrives.
+        first = next(line for line in lines if line.startswith("data:") and "progress" in line)
+        a.srv.proc.send_signal(signal.SIGTERM)
+        began = time.monotonic()
+        # A new call on A's session is refused before it runs ...
+        until(lambda: s.post("tools/call", params, request_id=51)[0].status_code == 404)
+        # ... and a new session sent to A is opened on B.
+        fresh = RawSession(a.url, http).initialize()
+        assert fresh.session_id is not None and fresh.session_id.startswith(b.srv.epoch + "_")
+        rest = [first, *lines]
+    events = parse_sse(rest)
+    assert progress_of(events) == list(range(1, 21))
+    assert any('"result"' in e.data for e in events)
+    # A exits once its call is delivered, well inside the default 25 s drain.
+    assert a.srv.proc.wait(10) == 0
+    assert time.monotonic() - began < 10
+
+
+def test_the_drain_deadline_bounds_a_call_that_does_not_end(
+    epoch_service: EpochServiceProcess, http: httpx.Client
+) -> None:
+    a = launch(epoch_service, "slow", MCP_EPOCH_DRAIN_SECONDS="0.5")
+    try:
+        s = RawSession(a.url, http).initialize()
+        params = {"name": "countdown", "arguments": {"n": 600, "delay": 0.1}}
+        body = {"jsonrpc": "2.0", "id": 60, "method": "tools/call", "params": params}
+        with http.stream("POST", a.url, json=body, headers=s.headers()) as call:
+            assert call.status_code == 200
+            a.srv.proc.send_signal(signal.SIGTERM)
+            began = time.monotonic()
+            code = a.srv.proc.wait(15)
+        assert code == 0 and time.monotonic() - began < 10
+    finally:
+        a.srv.stop()

@@ -1,0 +1,109 @@
+"""The pure parts of forwarding and drain: session IDs, owner routes, calls in flight."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+from anyio.testing import wait_all_tasks_blocked
+
+from mcp_epoch._internal.forward import live_peers, route_to
+from mcp_epoch._internal.inflight import InFlight, requests_in
+from mcp_epoch._internal.sessionid import SessionId
+from mcp_epoch._internal.snapshot import EpochRecord, EpochSnapshot
+from mcp_epoch.contract import ProcessEpoch
+
+LEDGER = "9f2c1a7e" + "0" * 24
+A = ProcessEpoch.parse("9f2c1a7e-1.0")
+B = ProcessEpoch.parse("9f2c1a7e-2.3")
+
+
+def view(*records: EpochRecord) -> EpochSnapshot:
+    return EpochSnapshot.of(LEDGER, 10, list(records))
+
+
+def test_a_session_id_names_its_owner_and_keeps_the_sdk_id() -> None:
+    sid = SessionId.decode(f"{A}_0123456789abcdef0123456789abcdef")
+    assert sid.owner == A and sid.local == "0123456789abcdef0123456789abcdef"
+    assert SessionId.decode(sid.encode()) == sid
+    for bad in ("0123456789abcdef", f"{A}_", f"{A}_a b", "nothex-1.0_abc", f"{A}_" + "a" * 200):
+        with pytest.raises(ValueError):
+            SessionId.decode(bad)
+
+
+def test_only_that_very_process_of_a_live_or_draining_pod_is_a_route() -> None:
+    live = EpochRecord("9f2c1a7e-2", "live", 3, "10.0.0.2:8080")
+    assert route_to(view(live), B) is not None
+    assert route_to(view(live), B).address == "10.0.0.2:8080"  # type: ignore[union-attr]
+    draining = EpochRecord("9f2c1a7e-2", "draining", 3, "10.0.0.2:8080")
+    assert route_to(view(draining), B) is not None
+    # An older or newer incarnation, a tombstone, no address, another ledger: no route.
+    assert route_to(view(EpochRecord("9f2c1a7e-2", "live", 4, "10.0.0.2:8080")), B) is None
+    assert route_to(view(EpochRecord("9f2c1a7e-2", "retired", 3, "10.0.0.2:8080")), B) is None
+    assert route_to(view(EpochRecord("9f2c1a7e-2", "live", 3, None)), B) is None
+    other = EpochSnapshot.of("00000000" + "0" * 24, 1, [live])
+    assert route_to(other, B) is None
+    assert route_to(EpochSnapshot(), B) is None
+
+
+def test_live_peers_are_the_other_live_pods_with_an_address() -> None:
+    snap = view(
+        EpochRecord("9f2c1a7e-1", "live", 0, "10.0.0.1:8080"),  # this process
+        EpochRecord("9f2c1a7e-2", "live", 3, "10.0.0.2:8080"),
+        EpochRecord("9f2c1a7e-3", "draining", 0, "10.0.0.3:8080"),
+        EpochRecord("9f2c1a7e-4", "live", None, "10.0.0.4:8080"),  # no process started yet
+        EpochRecord("9f2c1a7e-5", "live", 0, None),
+    )
+    assert [str(p.epoch) for p in live_peers(snap, A)] == ["9f2c1a7e-2.3"]
+
+
+def test_requests_in_a_body() -> None:
+    def body(obj: object) -> bytes:
+        return json.dumps(obj).encode()
+
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {}}
+    assert requests_in(body(call)) == (["7"], [], True)
+    ping = {"jsonrpc": "2.0", "id": "p", "method": "ping"}
+    listing = {"jsonrpc": "2.0", "id": 8, "method": "tools/list"}
+    assert requests_in(body([ping, listing])) == (["p", "8"], [], False)
+    answer = {"jsonrpc": "2.0", "id": 3, "result": {}}  # the client answering the server
+    cancel = {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": 7},
+    }
+    assert requests_in(body([answer, cancel])) == ([], ["7"], False)
+    assert requests_in(b"not json") == ([], [], False)
+    assert requests_in(body({"id": True, "method": "tools/call"})) == ([], [], False)
+
+
+def test_a_call_is_in_flight_until_a_chunk_follows_its_answer() -> None:
+    async def main() -> None:
+        inflight = InFlight()
+        tag = object()
+        inflight.started((tag, "1"))
+        inflight.sent_after((tag, "1"))  # progress went out, no answer yet
+        assert len(inflight) == 1
+        inflight.answered((tag, "1"))
+        done = anyio.Event()
+
+        async def waiter() -> None:
+            await inflight.wait_idle()
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_all_tasks_blocked()  # the waiter is waiting, not done
+            assert not done.is_set()
+            inflight.sent_after((tag, "1"))  # the chunk carrying the answer
+            await done.wait()
+        assert len(inflight) == 0 and inflight.delivered == 1
+        # A deleted session's calls, and cancelled ones, are not waited for.
+        inflight.started((tag, "2"))
+        inflight.started((tag, "3"))
+        inflight.forget((tag, "2"))
+        inflight.forget_session(tag)
+        assert len(inflight) == 0 and inflight.delivered == 1
+
+    anyio.run(main)
