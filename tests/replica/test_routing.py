@@ -6,7 +6,6 @@ import json
 
 import anyio
 import pytest
-from anyio.testing import wait_all_tasks_blocked
 
 from mcp_epoch._internal.forward import live_peers, route_to
 from mcp_epoch._internal.inflight import InFlight, requests_in
@@ -94,7 +93,7 @@ def test_a_call_is_in_flight_until_a_chunk_follows_its_answer() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiter)
-            await wait_all_tasks_blocked()  # the waiter is waiting, not done
+            await anyio.wait_all_tasks_blocked()  # the waiter is waiting, not done
             assert not done.is_set()
             inflight.sent_after((tag, "1"))  # the chunk carrying the answer
             await done.wait()
