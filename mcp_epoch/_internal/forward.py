@@ -32,6 +32,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 #: Never copied between hops (RFC 9110 section 7.6.1), plus what the next hop sets itself.
+#: ``Host`` is kept, as proxies keep it: the owner checks it as the first replica did (the
+#: SDK's DNS-rebinding protection answers 421 to a host it does not expect).
 _HOP_BY_HOP: Final = frozenset(
     {
         b"connection",
@@ -43,12 +45,13 @@ _HOP_BY_HOP: Final = frozenset(
         b"trailer",
         b"transfer-encoding",
         b"upgrade",
-        b"host",
         FORWARDED_TO_HEADER.encode(),
         FORWARDED_BY_HEADER.encode(),
     }
 )
 MISDIRECTED: Final = 421
+#: On the guard's own 421: "I am not that process" (any other 421 is the owner's answer).
+NOT_THE_OWNER_HEADER: Final = b"mcp-epoch-not-owner"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +156,11 @@ class Forwarder:
             log.warning("forward to %s lost its connection: %r", route.epoch, exc)
             raise OwnerLost(str(exc)) from None
         try:
-            if response.status_code == MISDIRECTED:
-                raise OwnerUnreachable(f"{route.address} is no longer {route.epoch}")
+            if response.status_code == MISDIRECTED and NOT_THE_OWNER_HEADER in {
+                k.lower() for k, _ in response.headers.raw
+            }:
+                said = (await response.aread())[:200].decode("utf-8", "replace")
+                raise OwnerUnreachable(f"{route.address} is no longer {route.epoch}: {said}")
             self.forwarded += 1
             await self._relay(response, receive, send, route)
         finally:

@@ -25,6 +25,7 @@ from mcp_epoch._internal.errors import Reason, ResumptionRejected
 from mcp_epoch._internal.eventid import EventId
 from mcp_epoch._internal.forward import (
     MISDIRECTED,
+    NOT_THE_OWNER_HEADER,
     Forwarder,
     OwnerLost,
     OwnerUnreachable,
@@ -154,7 +155,7 @@ class ResumptionGuard:
         forwarded_to = headers.get(FORWARDED_TO_HEADER.encode())
         if forwarded_to is not None and forwarded_to.decode("latin-1") != str(own):
             body = error_body(f"this is process {own}, not {forwarded_to.decode('latin-1')!r}")
-            await respond(send, MISDIRECTED, body)
+            await respond(send, MISDIRECTED, body, [(NOT_THE_OWNER_HEADER, str(own).encode())])
             return
 
         method = scope.get("method")

@@ -36,8 +36,31 @@ from tests.cluster import build, certs
 
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
-#: Pod addresses kwok hands out; nothing ever sends traffic to them.
-POD_CIDR = "10.244.0.0/16"
+#: Pod addresses kwok hands out, from the benchmarking range (RFC 2544; EndpointSlices refuse
+#: loopback addresses). :func:`pod_addresses_local` makes the range local to this machine, so a
+#: pod runner's process binds its pod's IP and other processes reach it there, as in a cluster.
+POD_CIDR = "198.18.0.0/16"
+
+
+def pod_addresses_local() -> str | None:
+    """Route :data:`POD_CIDR` to the loopback device (``ip route replace local``, idempotent and
+    harmless: nothing else uses the range). None when done; otherwise why it could not be
+    (not root, no ``ip``): pods then get addresses that nothing serves on."""
+    probe = POD_CIDR.split("/", 1)[0].rsplit(".", 1)[0] + ".1"
+    with contextlib.suppress(OSError), socket.socket() as sock:
+        sock.bind((probe, 0))
+        return None  # already local
+    try:
+        done = subprocess.run(
+            ["ip", "route", "replace", "local", POD_CIDR, "dev", "lo"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except OSError as exc:
+        return f"cannot run ip: {exc}"
+    return None if done.returncode == 0 else f"ip route failed: {done.stderr.strip()}"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 

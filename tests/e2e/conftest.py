@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.harness import Cluster
+from tests.cluster.harness import POD_CIDR, Cluster, pod_addresses_local
 from tests.e2e.podrunner import KubeAccess
 from tests.operator.support import (
     OperatorProcess,
@@ -61,7 +61,18 @@ def demo_namespace(k8s_cluster: Cluster, e2e_operator: OperatorProcess) -> Itera
 
 
 @pytest.fixture(scope="package")
-def kube_access(k8s_cluster: Cluster) -> KubeAccess:
+def pod_network() -> None:
+    """Pod IPs reach the pod runner's processes (forwarding to an owner goes to its pod IP)."""
+    why = pod_addresses_local()
+    if why is not None:
+        pytest.fail(
+            f"the end-to-end proof needs the pod range {POD_CIDR} local to this machine and "
+            f"could not make it so ({why}); run it as root with iproute2 installed"
+        )
+
+
+@pytest.fixture(scope="package")
+def kube_access(k8s_cluster: Cluster, pod_network: None) -> KubeAccess:
     """The admin identity of the loopback control plane, as the demo's fleet driver takes it."""
     pki = k8s_cluster.pki
     return KubeAccess(

@@ -38,6 +38,7 @@ SERVER_LABEL = "mcp.epochs.dev/server"
 IMAGE = "registry.invalid/mcp-epoch-demo:local"
 #: The replica's buffer is sized as the operator computes it: window (s) x events per second.
 RECONNECT_WINDOW_S = 30
+PORT = 8080
 
 
 def mcpserver_manifest(
@@ -47,11 +48,12 @@ def mcpserver_manifest(
     replicas: int,
     token_secret: str,
     buffer_events: int,
-    grace_seconds: int = 2,
+    min_ready_seconds: int = 2,
 ) -> dict[str, Any]:
     """The ``McpServer`` of one fleet: the demo replica as the container command, the pod
-    name as the replica's name (``$(MCP_POD_NAME)``, expanded as a kubelet would), rollouts one
-    pod at a time with no capacity lost, and the replica token through a Secret reference."""
+    name as the replica's name (``$(MCP_POD_NAME)``, expanded as a kubelet would), serving on
+    its pod IP and container port, rollouts one pod at a time with no capacity lost, a short
+    preStop wait and drain, and the replica token through a Secret reference."""
     return {
         "apiVersion": API_VERSION,
         "kind": "McpServer",
@@ -59,7 +61,7 @@ def mcpserver_manifest(
         "spec": {
             "image": IMAGE,
             "replicas": replicas,
-            "port": 8080,
+            "port": PORT,
             "path": "/mcp",
             "command": ["python", "-m", "epochsvc.demo.replica"],
             "args": [
@@ -69,8 +71,15 @@ def mcpserver_manifest(
                 "$(MCP_POD_NAME)",
                 "--buffer-events",
                 "$(MCP_RESUME_BUFFER_EVENTS)",
+                "--host",
+                "$(MCP_POD_IP)",
+                "--port",
+                str(PORT),
             ],
-            "terminationGracePeriodSeconds": grace_seconds,
+            "env": [
+                {"name": "MCP_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+            ],
+            "drain": {"seconds": 10, "preStopSeconds": 1, "minReadySeconds": min_ready_seconds},
             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
             "resumption": {
                 "reconnectWindowSeconds": RECONNECT_WINDOW_S,
@@ -106,10 +115,12 @@ class KubernetesFleet(FleetDriver):
         replica_token: str,
         buffer_events: int = 3000,
         name: str | None = None,
+        min_ready: int = 2,
         settle_timeout: float = 90.0,
         log: Log = lambda _line: None,
     ) -> None:
         self.kind = kind
+        self.min_ready = min_ready
         self.listener = listener
         self.access = access
         self.namespace = namespace
@@ -129,6 +140,7 @@ class KubernetesFleet(FleetDriver):
             f"{SERVER_LABEL}={self.name}",
             listener,
             workdir,
+            service=self.name,  # the operator's Service has the McpServer's name
             log=log,
         )
 
@@ -157,6 +169,7 @@ class KubernetesFleet(FleetDriver):
                     count,
                     self.token_secret,
                     self.buffer_events,
+                    self.min_ready,
                 ),
             ],
         }
@@ -170,25 +183,17 @@ class KubernetesFleet(FleetDriver):
         )
 
     async def rolling_deploy(self, pause: float) -> None:
-        """``kubectl rollout restart``, paced by ``minReadySeconds`` = ``pause`` (rounded up).
-
-        kwok reports a pod Ready the moment it runs, without probes; without a minimum ready
-        time the Deployment controller would delete every old pod within a second, before the
-        runner's new processes serve. ``minReadySeconds`` is the standard knob for "count a
-        Ready pod as available only after N seconds"; it is not part of the ``McpServer`` spec,
-        so it is patched on the Deployment (a field the operator does not own, so its
-        server-side apply leaves it alone) before the restart.
-        """
+        """``kubectl rollout restart``, paced by the ``minReadySeconds`` the operator sets from
+        ``spec.drain`` (kwok reports a pod Ready the moment it runs, without probes; without a
+        minimum ready time the Deployment controller would delete every old pod within a
+        second, before the runner's new processes serve). ``pause`` is that spec's value."""
         deployment = f"deployment/{self.name}"
-        min_ready = max(1, math.ceil(pause))
-        patch = json.dumps({"spec": {"minReadySeconds": min_ready}})
         ns = ("-n", self.namespace)
-        await self.access.run_kubectl("patch", deployment, *ns, "--type=merge", "-p", patch)
         old = {p.uid for p in self.runner.serving()}
         t0 = time.monotonic()
         mark = len(self.runner.timeline)
         await self.access.run_kubectl("rollout", "restart", deployment, *ns)
-        self.log(f"  kubectl rollout restart {deployment} (minReadySeconds {min_ready})")
+        self.log(f"  kubectl rollout restart {deployment} (minReadySeconds {self.min_ready})")
         timeout = f"--timeout={int(self.settle_timeout)}s"
         await self.access.run_kubectl("rollout", "status", deployment, *ns, timeout)
 
@@ -230,6 +235,7 @@ class KubeFleets:
         *,
         replica_token: str,
         buffer_events: int = 3000,
+        min_ready: int = 2,
         log: Log = lambda _line: None,
     ) -> None:
         self.access = access
@@ -237,10 +243,12 @@ class KubeFleets:
         self.workdir = workdir
         self.replica_token = replica_token
         self.buffer_events = buffer_events
+        self.min_ready = min_ready
         self.log = log
-        self.fleets: dict[Kind, KubernetesFleet] = {}
+        self.fleets: list[KubernetesFleet] = []
 
     def __call__(self, kind: Kind, listener: ReplicaSetListener) -> FleetDriver:
+        same = sum(f.kind == kind for f in self.fleets)
         fleet = KubernetesFleet(
             kind,
             listener,
@@ -249,7 +257,9 @@ class KubeFleets:
             self.workdir,
             replica_token=self.replica_token,
             buffer_events=self.buffer_events,
+            name=f"demo-{kind}" + (f"-{same + 1}" if same else ""),
+            min_ready=self.min_ready,
             log=self.log,
         )
-        self.fleets[kind] = fleet
+        self.fleets.append(fleet)
         return fleet

@@ -7,14 +7,17 @@ the demo: it watches the pods of one server through the API server and, for each
 kubelet would give it (literal values with ``$(VAR)`` expansion, ``secretKeyRef`` and
 ``configMapKeyRef`` read from the API, Downward API ``fieldRef``), so the process sees the
 ``MCP_EPOCH`` the operator's webhook injected, the token from the Secret, its pod name and UID.
-When the pod gets a deletion timestamp (or disappears), the runner takes it out of the
-balancer first (as endpoints are removed on deletion) and then stops the process: SIGTERM,
-the pod's grace period, SIGKILL.
+When the pod gets a deletion timestamp (or disappears), the runner stops the process as a
+kubelet does, not more kindly: the preStop hook (a ``sleep`` action), then SIGTERM, then
+SIGKILL at the end of the grace period (counted from the deletion, preStop included). The
+balancer learns of it *concurrently*, from the Service's EndpointSlices: a pod leaves the
+rotation when the EndpointSlice controller marks its endpoint not ready, whenever that is.
 
 What it deliberately does not emulate: images (the command runs with this machine's Python),
-container ports (the process binds a free loopback port and announces it, see below), probes,
-restarts, volumes. The demo's replica (:mod:`epochsvc.demo.replica`) prints one JSON line
-``{"port": ..., "epoch": ...}`` on start; the runner reads it to learn where the process serves.
+probes, restarts, volumes. Pod IPs are real: the control plane hands out loopback addresses
+(``127.244.0.0/16``, all local on Linux), so a process binds its pod's IP and container port,
+and the address the operator records for forwarding reaches it. The demo's replica
+(:mod:`epochsvc.demo.replica`) prints one JSON line ``{"port": ..., "epoch": ...}`` on start.
 
 Only loopback addresses carry traffic; the API server is reached with the credentials given in
 :class:`KubeAccess` (the admin identity of the local control plane in the tests).
@@ -45,6 +48,8 @@ Pod = dict[str, Any]
 #: Reads a Secret's or ConfigMap's data by name (decoded strings), ``None`` when it is absent.
 Lookup = Callable[[str], Awaitable[dict[str, str] | None]]
 
+#: What keeps a deleted pod's object until the runner has stopped its process.
+FINALIZER = "mcp-epoch.test/pod-runner"
 #: The pod annotation that records the epoch the webhook injected (see docs/design.md).
 EPOCH_ANNOTATION = "mcp.epochs.dev/epoch"
 #: Environment the runner never passes down from its own process: a pod gets these only from
@@ -218,7 +223,13 @@ class PodProcess:
     pod: str
     uid: str
     annotated_epoch: str  # what the webhook recorded on the pod
-    grace: float  # seconds between SIGTERM and SIGKILL
+    grace: float  # seconds from the deletion to SIGKILL (preStop included)
+    prestop: float = 0.0  # the preStop hook's sleep
+    ip: str = "127.0.0.1"
+    in_rotation: bool = False  # the balancer routes to it
+    endpoint_ready: bool = False  # its EndpointSlice endpoint has been ready
+    held: bool = False  # the runner's finalizer is on the pod
+    alive: asyncio.subprocess.Process | None = field(default=None, repr=False)  # until it exits
     env_epoch: str = ""  # MCP_EPOCH the process was given
     process_epoch: str = ""  # what the process announced
     backend: Backend | None = None
@@ -259,9 +270,11 @@ class PodRunner:
         *,
         executables: Mapping[str, str] | None = None,
         start_timeout: float = 30.0,
+        service: str | None = None,
         log: Log = lambda _line: None,
     ) -> None:
         self.access = access
+        self.service = service  # whose EndpointSlices take pods out of the rotation
         self.namespace = namespace
         self.selector = selector
         self.listener = listener
@@ -276,6 +289,8 @@ class PodRunner:
         self._stops: list[asyncio.Task[None]] = []
         self._api: httpx.AsyncClient | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._endpoints: asyncio.Task[None] | None = None
+        self._slices: dict[str, dict[str, bool]] = {}  # EndpointSlice -> pod UID -> ready
         self._changed = asyncio.Event()
         #: (monotonic time, replicas serving) after every change of the balancer's set.
         self.timeline: list[tuple[float, int]] = []
@@ -307,13 +322,16 @@ class PodRunner:
     async def start(self) -> None:
         self._api = self.access.client()
         self._watch = asyncio.create_task(self._follow(), name=f"podrunner-{self.selector}")
+        if self.service is not None:
+            self._endpoints = asyncio.create_task(self._follow_endpoints())
 
     async def close(self) -> None:
         """Stop following pods and stop every process (as if every pod were deleted)."""
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch
+        for task in (self._watch, self._endpoints):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         for pp in list(self._pods.values()):
             self._gone(pp)
         tasks = [t for pp in self._pods.values() for t in (pp.task, pp.watcher) if t is not None]
@@ -390,11 +408,15 @@ class PodRunner:
             return
         spec = pod.get("spec") or {}
         grace = meta.get("deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds"))
+        container = (spec.get("containers") or [{}])[0]
+        sleep = ((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
         pp = PodProcess(
             pod=str(meta["name"]),
             uid=uid,
             annotated_epoch=str((meta.get("annotations") or {}).get(EPOCH_ANNOTATION, "")),
             grace=float(30 if grace is None else grace),
+            prestop=float(sleep.get("seconds") or 0),
+            ip=str((pod.get("status") or {}).get("podIP") or "127.0.0.1"),
         )
         self._pods[uid] = pp
         pp.task = asyncio.create_task(self._run(pp, pod), name=f"pod-{pp.pod}")
@@ -423,6 +445,8 @@ class PodRunner:
     async def _run(self, pp: PodProcess, pod: Pod) -> None:
         t0 = time.monotonic()
         try:
+            await self._hold(pp, pod)
+            await self._ip_free(pp)
             await self._launch(pp, pod)
         except Exception as exc:
             pp.error = f"pod {pp.pod}: {exc}"
@@ -437,11 +461,15 @@ class PodRunner:
             return
         assert pp.backend is not None
         self.listener.add(pp.backend)
+        pp.in_rotation = True
         pp.started_at = time.monotonic()
         self.timeline.append((pp.started_at, len(self.serving())))
         self._changed.set()
         shown = pp.process_epoch or "counter ids"
-        self.log(f"  pod {pp.pod} Running -> serving ({shown}) after {pp.started_at - t0:.1f}s")
+        self.log(
+            f"  pod {pp.pod} Running -> serving ({shown}) on {pp.backend.host}:"
+            f"{pp.backend.port} after {pp.started_at - t0:.1f}s"
+        )
         if pp.proc is not None:
             pp.watcher = asyncio.create_task(self._watch_exit(pp, pp.proc))
 
@@ -455,8 +483,7 @@ class PodRunner:
         pp.error = f"pod {pp.pod}: the process exited with {code} while the pod was Running"
         self.errors.append(pp.error)
         self.log(f"  pod runner: {pp.error}")
-        if pp.backend is not None:
-            self.listener.remove(pp.backend.name)
+        self._leave_rotation(pp)
         self.timeline.append((time.monotonic(), len(self.serving())))
         self._changed.set()
 
@@ -476,6 +503,7 @@ class PodRunner:
                 stderr=log,
                 start_new_session=True,
             )
+            pp.alive = pp.proc
         finally:
             log.close()
         assert pp.proc.stdout is not None
@@ -484,36 +512,157 @@ class PodRunner:
             raise RuntimeError(f"the process exited at start; see {self.workdir / pp.pod}.log")
         info = json.loads(line)
         pp.process_epoch = str(info.get("epoch") or "")
-        pp.backend = Backend(pp.pod, "127.0.0.1", int(info["port"]))
+        pp.backend = Backend(pp.pod, pp.ip, int(info["port"]))
         await _wait_serving(pp.backend, self.start_timeout)
 
     def _gone(self, pp: PodProcess) -> None:
-        """The pod is being deleted: out of the balancer now, then stop its process."""
+        """The pod is being deleted: stop its process as a kubelet does. The balancer is not
+        told here: the EndpointSlice controller decides that, concurrently."""
         if pp.deleted:
             return
         pp.deleted = True
         self._changed.set()
         if pp.started_at is not None and pp.backend is not None and not pp.exited:
-            self.listener.remove(pp.backend.name)
             pp.stopped_at = time.monotonic()
             self.timeline.append((pp.stopped_at, len(self.serving())))
-            self.log(f"  pod {pp.pod} deleted -> out of the balancer, stopping its process")
+            self.log(
+                f"  pod {pp.pod} deleted -> preStop {pp.prestop:g}s, SIGTERM, grace {pp.grace:g}s"
+            )
         if pp.task is not None and not pp.task.done():
             return  # _run sees ``deleted`` when the start finishes and stops the process
         self._stops.append(asyncio.create_task(self._terminate(pp)))
 
+    def _leave_rotation(self, pp: PodProcess) -> None:
+        if pp.in_rotation and pp.backend is not None:
+            pp.in_rotation = False
+            self.listener.remove(pp.backend.name)
+
     async def _terminate(self, pp: PodProcess) -> None:
-        """SIGTERM, the pod's grace period, then SIGKILL; as a kubelet stops a container."""
+        """preStop, SIGTERM, then SIGKILL when the grace period (counted from the deletion,
+        preStop included, and at least 2 s after SIGTERM, as the kubelet grants) is over."""
+        began = time.monotonic()
+        if pp.proc is not None and pp.proc.returncode is None and pp.prestop:
+            await asyncio.sleep(min(pp.prestop, pp.grace))  # the hook's own sleep action
         proc, pp.proc = pp.proc, None
         if proc is None:
+            self._leave_rotation(pp)
+            await self._release(pp)
             return
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
+            left = max(pp.grace - (time.monotonic() - began), 2.0 if pp.prestop else 0.1)
             try:
-                await asyncio.wait_for(proc.wait(), max(pp.grace, 0.1))
+                await asyncio.wait_for(proc.wait(), left)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
+        self._leave_rotation(pp)  # a stopped process is unreachable, endpoints or not
+        pp.alive = None
+        await self._release(pp)
         self._changed.set()
+
+    # --- the pod object stays while its process runs, as a kubelet keeps it --------------------
+
+    async def _hold(self, pp: PodProcess, pod: Pod) -> None:
+        """Add the runner's finalizer: a deleted pod stays (Terminating) until its process has
+        stopped, as with a kubelet, so the operator retires its epoch only then (kwok on its own
+        deletes a pod the moment it is marked for deletion)."""
+        assert self._api is not None
+        finalizers = list((pod.get("metadata") or {}).get("finalizers") or [])
+        if FINALIZER in finalizers:
+            return
+        body = {"metadata": {"finalizers": [*finalizers, FINALIZER]}}
+        resp = await self._api.patch(
+            f"{self._path}/{pp.pod}",
+            content=json.dumps(body),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        resp.raise_for_status()
+        pp.held = True
+
+    async def _release(self, pp: PodProcess) -> None:
+        """Drop the finalizer once the process is gone: the pod object may go now."""
+        if not pp.held or self._api is None:
+            return
+        pp.held = False
+        with contextlib.suppress(httpx.HTTPError):
+            resp = await self._api.get(f"{self._path}/{pp.pod}")
+            if resp.status_code == 404:
+                return
+            left = [f for f in resp.json()["metadata"].get("finalizers") or [] if f != FINALIZER]
+            body = {
+                "metadata": {
+                    "finalizers": left or None,
+                    "resourceVersion": resp.json()["metadata"]["resourceVersion"],
+                }
+            }
+            await self._api.patch(
+                f"{self._path}/{pp.pod}",
+                content=json.dumps(body),
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
+
+    async def _ip_free(self, pp: PodProcess) -> None:
+        """kwok hands a freed pod IP to the next pod at once; a node would not while the old
+        pod's sandbox still exists. Start the process once no other process holds the IP."""
+        for other in list(self._pods.values()):
+            proc = other.alive
+            if other is not pp and other.ip == pp.ip and proc is not None:
+                self.log(f"  pod {pp.pod}: IP {pp.ip} still held by {other.pod}; waiting")
+                await proc.wait()
+
+    # --- the Service's EndpointSlices: who is in the rotation ----------------------------------
+
+    async def _follow_endpoints(self) -> None:
+        assert self._api is not None and self.service is not None
+        path = f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices"
+        selector = f"kubernetes.io/service-name={self.service}"
+        while True:
+            try:
+                resp = await self._api.get(path, params={"labelSelector": selector})
+                resp.raise_for_status()
+                body = resp.json()
+                self._slices = {}
+                for item in body.get("items") or []:
+                    self._slice(item, deleted=False)
+                params = {
+                    "labelSelector": selector,
+                    "watch": "true",
+                    "resourceVersion": body["metadata"]["resourceVersion"],
+                    "timeoutSeconds": "60",
+                }
+                timeout = httpx.Timeout(10.0, read=90.0)
+                async with self._api.stream("GET", path, params=params, timeout=timeout) as w:
+                    w.raise_for_status()
+                    async for line in w.aiter_lines():
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        if event.get("type") == "ERROR":
+                            break
+                        self._slice(event.get("object") or {}, event.get("type") == "DELETED")
+            except asyncio.CancelledError:
+                raise
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                self.log(f"  pod runner: endpoint watch interrupted ({exc!r}); listing again")
+                await asyncio.sleep(0.5)
+
+    def _slice(self, obj: dict[str, Any], deleted: bool) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        ready: dict[str, bool] = {}
+        if not deleted:
+            for ep in obj.get("endpoints") or []:
+                uid = (ep.get("targetRef") or {}).get("uid")
+                if uid:
+                    ready[str(uid)] = bool((ep.get("conditions") or {}).get("ready"))
+        self._slices[name] = ready
+        now_ready = {u for sl in self._slices.values() for u, r in sl.items() if r}
+        for uid, pp in self._pods.items():
+            if uid in now_ready:
+                pp.endpoint_ready = True
+            elif pp.endpoint_ready and pp.in_rotation:
+                self._leave_rotation(pp)  # the controller took it out: so does the balancer
+                self.log(f"  pod {pp.pod} endpoint not ready -> out of the balancer")
+                self._changed.set()

@@ -112,6 +112,11 @@ def test_a_request_meant_for_another_process_is_refused(
     assert wrong.status_code == 421
     right = http.post(a.url, json=body, headers={**s.headers(), FORWARDED_TO_HEADER: a.srv.epoch})
     assert right.status_code == 200
+    # The owner sees the Host the client sent (as through any proxy), so its own checks hold:
+    # the SDK's DNS-rebinding protection refuses a foreign Host with its own 421, which is the
+    # owner's answer and reaches the client as such (not taken for "not the owner").
+    evil = http.post(b.url, json=body, headers={**s.headers(), "host": "evil.example"})
+    assert evil.status_code == 421 and evil.headers[FORWARDED_BY_HEADER] == a.srv.epoch
     # A forwarded request is never forwarded again (hop limit one): B refuses A's session.
     hop = http.post(b.url, json=body, headers={**s.headers(), FORWARDED_TO_HEADER: b.srv.epoch})
     assert hop.status_code == 404 and hop.headers[REJECTED_HEADER]
