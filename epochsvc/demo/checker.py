@@ -80,6 +80,7 @@ class CallCheck:
     missing: int = 0
     outcome: Outcome = "pending"
     refused: bool = False  # the server answered the call's own POST with 404: it never ran
+    error: str = ""  # what the client was told when the call failed
     reconnects: list[Reconnect] = field(default_factory=list)
     _open: Reconnect | None = None
 
@@ -132,6 +133,24 @@ class CallCheck:
                 else:
                     self.last_ask = token.n
 
+    def failed_with(self, exc: BaseException) -> None:
+        self.error = repr(exc)[:300]
+        self.finish("failed")
+
+    @property
+    def cut_before_first_event(self) -> bool:
+        """Failed because its connection was cut before the first event arrived: no cursor to
+        resume from, and no way for the client to know whether the server got the call, so
+        no client may retry it. Random drops cause these, with or without a deploy."""
+        return (
+            self.outcome == "failed"
+            and not self.refused
+            and not self.reconnects
+            and self.last_step == 0
+            and self.last_ask == 0
+            and "Connection closed" in self.error
+        )
+
     def finish(self, outcome: Outcome) -> None:
         """The call ended. Only a completed call must have seen everything; a rejected or
         failed call was told it failed, so its events need only be a clean prefix. A hung
@@ -181,6 +200,8 @@ class Tally:
     lost_in_flight: int = 0
     #: Calls the server refused before they ran (404 on their own POST).
     refused_calls: int = 0
+    #: Calls whose connection a drop cut before their first event (see CallCheck).
+    cut_before_first_event: int = 0
 
     def add_session(self, calls: list[CallCheck]) -> None:
         self.sessions += 1
@@ -198,7 +219,10 @@ class Tally:
         self.failed_calls += c.outcome == "failed"
         self.hung += c.outcome in ("hung", "pending")
         self.refused_calls += c.outcome != "completed" and c.refused
-        self.lost_in_flight += c.outcome in ("failed", "rejected") and not c.refused
+        self.cut_before_first_event += c.cut_before_first_event
+        self.lost_in_flight += (
+            c.outcome in ("failed", "rejected") and not c.refused and not c.cut_before_first_event
+        )
         self.foreign += c.foreign
         self.duplicated += c.duplicated
         self.missing += c.missing

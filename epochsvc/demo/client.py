@@ -207,7 +207,7 @@ class NaiveClient(DemoClient):
                     call.finish("hung")
                     return  # the user gives up on this session and opens a new one
                 except Exception as exc:
-                    call.finish("failed")
+                    call.failed_with(exc)
                     if not call.refused:
                         self.result.errors.append(f"{call.uid}/{call.call}: {exc!r}")
                     await asyncio.sleep(0.1)
@@ -257,8 +257,8 @@ class EpochDemoClient(DemoClient):
                     call.finish("hung")
                     continue
                 except Exception as exc:
-                    call.finish("failed")
-                    self.result.errors.append(repr(exc))
+                    call.failed_with(exc)
+                    self.result.errors.append(f"{call.uid}/{call.call}: {exc!r}")
                     await asyncio.sleep(0.1)
                     continue
                 self._ready_at.setdefault(session, time.monotonic())

@@ -38,6 +38,8 @@ ROWS: list[Row] = [
     ("  hung (no answer, no error by deadline)", lambda f: f.tally.hung),
     ("  refused before they ran (404)", lambda f: f.tally.refused_calls),
     ("  lost in flight (failed after starting)", lambda f: f.tally.lost_in_flight),
+    ("  cut by a drop before their first event", lambda f: f.tally.cut_before_first_event),
+    ("  completed of those a client could complete", lambda f: _pct(f.completion_of_reachable_pct)),
     ("Last-Event-ID reconnects", lambda f: f.tally.reconnects),
     ("  to the same process", lambda f: f.tally.same_process),
     ("  forwarded to the owning process", lambda f: f.tally.forwarded_reconnects),
@@ -121,10 +123,10 @@ def verdict(fleets: list[FleetResult]) -> list[str]:
     ep = by_kind.get("epoch")
     if ep is not None:
         _safe(ep, failed, exact_client=True)
-        if ep.completion_pct < TARGET_COMPLETION_PCT:
+        if ep.completion_of_reachable_pct < TARGET_COMPLETION_PCT:
             failed.append(
-                f"mcp-epoch fleet: {ep.completion_pct}% of tool calls completed "
-                f"(want >= {TARGET_COMPLETION_PCT}%)"
+                f"mcp-epoch fleet: {ep.completion_of_reachable_pct}% of the tool calls a client "
+                f"could complete completed (want >= {TARGET_COMPLETION_PCT}%)"
             )
         if ep.reinits_ok != ep.reinits:
             failed.append(

@@ -61,6 +61,8 @@ def pod_addresses_local() -> str | None:
     except OSError as exc:
         return f"cannot run ip: {exc}"
     return None if done.returncode == 0 else f"ip route failed: {done.stderr.strip()}"
+
+
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 

@@ -229,6 +229,7 @@ class PodProcess:
     in_rotation: bool = False  # the balancer routes to it
     endpoint_ready: bool = False  # its EndpointSlice endpoint has been ready
     held: bool = False  # the runner's finalizer is on the pod
+    drain: dict[str, float] = field(default_factory=dict)  # the process's drain report
     alive: asyncio.subprocess.Process | None = field(default=None, repr=False)  # until it exits
     env_epoch: str = ""  # MCP_EPOCH the process was given
     process_epoch: str = ""  # what the process announced
@@ -559,6 +560,12 @@ class PodRunner:
                     proc.kill()
                 await proc.wait()
         self._leave_rotation(pp)  # a stopped process is unreachable, endpoints or not
+        if proc.stdout is not None:  # what the process said on its way out (its drain)
+            for line in (await proc.stdout.read()).decode(errors="replace").splitlines():
+                with contextlib.suppress(ValueError):
+                    report = json.loads(line)
+                    if isinstance(report, dict) and "drained" in report:
+                        pp.drain = report
         pp.alive = None
         await self._release(pp)
         self._changed.set()
