@@ -92,6 +92,13 @@ class FleetResult:
         )
 
     @property
+    def completion_of_reachable_pct(self) -> float:
+        """Completed of the calls a client could complete: without those a drop cut before
+        their first event (no protocol can tell the client whether those ran)."""
+        reachable = self.tally.calls - self.tally.cut_before_first_event
+        return round(100.0 * self.tally.completed / reachable, 2) if reachable else 0.0
+
+    @property
     def drain_p50(self) -> float | None:
         return percentile(self.drains, 50)
 
@@ -105,6 +112,13 @@ class FleetResult:
             "title": FLEETS[self.kind].title,
             **asdict(self.tally),
             "completion_pct": self.completion_pct,
+            "completion_of_reachable_pct": self.completion_of_reachable_pct,
+            "failure_causes": {
+                "refused_before_they_ran": self.tally.refused_calls,
+                "lost_in_flight": self.tally.lost_in_flight,
+                "cut_before_first_event": self.tally.cut_before_first_event,
+                "hung": self.tally.hung,
+            },
             "forwarded_requests": self.forwarded,
             "drain_p50_s": self.drain_p50,
             "drain_max_s": self.drain_max,
