@@ -153,6 +153,14 @@ class Drain:
     def grace(self) -> int:
         return self.prestop + self.seconds + GRACE_SLACK_SECONDS
 
+    def within(self, grace: int | None) -> Drain:
+        """The drain that fits an explicit grace period: the API server wants a preStop sleep
+        shorter than the grace period, and a drain past it would be cut by SIGKILL anyway."""
+        if grace is None:
+            return self
+        prestop = min(self.prestop, max(grace - 1, 0))
+        return Drain(min(self.seconds, max(grace - prestop - 1, 0)), prestop, self.min_ready)
+
 
 def replica_env(
     server: str,
@@ -186,7 +194,8 @@ def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[st
         resumption.get("reconnectWindowSeconds"), resumption.get("eventsPerSecond")
     )
     port = int(spec.get("port") or DEFAULT_PORT)
-    drain = Drain.of(spec)
+    grace = spec.get("terminationGracePeriodSeconds")
+    drain = Drain.of(spec).within(None if grace is None else int(grace))
     token = token_secret_of(spec, defaults)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -213,7 +222,6 @@ def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[st
     pod_spec: dict[str, Any] = {"containers": [container]}
     if spec.get("serviceAccountName"):
         pod_spec["serviceAccountName"] = spec["serviceAccountName"]
-    grace = spec.get("terminationGracePeriodSeconds")
     pod_spec["terminationGracePeriodSeconds"] = drain.grace if grace is None else int(grace)
 
     rolling = spec.get("rollingUpdate") or {}

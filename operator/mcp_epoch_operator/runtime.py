@@ -414,6 +414,7 @@ class Runtime:
             await self.kube.apply(f"/api/v1/namespaces/{ns}/services/{name}", build_service(mcps))
         except KubeError as exc:
             message = f"could not apply the Deployment/Service: {exc}"
+            log.warning("%s/%s: %s", ns, name, message)
             self.spawn(self.event(key, "Warning", "ReconcileFailed", message))
             return message
         return None

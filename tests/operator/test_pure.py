@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from mcp_epoch_operator.lifecycle import Stage, calls_for, epoch_of, pod_event_calls, wanted_stage
+from mcp_epoch_operator.lifecycle import (
+    Stage,
+    address_of,
+    calls_for,
+    epoch_of,
+    pod_event_calls,
+    wanted_stage,
+)
 from mcp_epoch_operator.resources import (
     BUFFER_CAP,
     BUFFER_FLOOR,
@@ -104,6 +111,32 @@ def test_deployment_shape() -> None:
         "secretKeyRef": {"name": "rel-replica-token", "key": "token"}
     }
     assert "MCP_EPOCH" not in env  # the webhook's job, per pod
+    # The drain defaults: preStop sleep, drain deadline, a grace period covering both.
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 3}}}
+    assert env["MCP_EPOCH_DRAIN_SECONDS"] == "25"
+    assert template["spec"]["terminationGracePeriodSeconds"] == 3 + 25 + 5
+    assert dep["spec"]["minReadySeconds"] == 3
+
+
+def test_drain_comes_from_the_spec_and_an_explicit_grace_period_wins() -> None:
+    dep = build_deployment(
+        mcps(drain={"seconds": 40, "preStopSeconds": 0, "minReadySeconds": 10}), DEFAULTS
+    )
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert "lifecycle" not in container  # no preStop wait asked for
+    assert env_map(container)["MCP_EPOCH_DRAIN_SECONDS"] == "40"
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45
+    assert dep["spec"]["minReadySeconds"] == 10
+    explicit = build_deployment(mcps(terminationGracePeriodSeconds=7), DEFAULTS)
+    pod_spec = explicit["spec"]["template"]["spec"]
+    assert pod_spec["terminationGracePeriodSeconds"] == 7
+    # The API server wants the preStop sleep shorter than the grace period; the drain fits.
+    assert pod_spec["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"] == 3
+    assert env_map(pod_spec["containers"][0])["MCP_EPOCH_DRAIN_SECONDS"] == "3"
+    tiny = build_deployment(mcps(terminationGracePeriodSeconds=1), DEFAULTS)
+    container = tiny["spec"]["template"]["spec"]["containers"][0]
+    assert "lifecycle" not in container
+    assert env_map(container)["MCP_EPOCH_DRAIN_SECONDS"] == "0"
 
 
 def test_token_secret_from_the_spec_wins_and_none_means_no_token() -> None:
@@ -287,6 +320,36 @@ def test_every_step_is_preceded_by_a_bind_and_done_steps_are_skipped() -> None:
     ref = epoch_of(p)
     assert ref is not None
     assert calls_for(ref, Stage.BOUND, done=Stage.RETIRED) == []
+
+
+def test_the_address_is_the_pod_ip_and_its_mcp_port() -> None:
+    p = pod("p", "u", "0123abcd-1")
+    assert address_of(p) is None  # no IP yet
+    p["status"]["podIP"] = "10.1.2.3"
+    assert address_of(p) is None  # and no port
+    p["spec"] = {
+        "containers": [{"ports": [{"containerPort": 9090}, {"name": "mcp", "containerPort": 8080}]}]
+    }
+    assert address_of(p) == "10.1.2.3:8080"  # the port named mcp
+    del p["spec"]["containers"][0]["ports"][1]
+    assert address_of(p) == "10.1.2.3:9090"  # else the first
+    p["metadata"]["annotations"]["mcp.epochs.dev/port"] = "7000"
+    assert address_of(p) == "10.1.2.3:7000"  # the annotation wins
+    p["status"]["podIP"] = "fd00::3"
+    assert address_of(p) == "[fd00::3]:7000"
+
+
+def test_a_live_pod_is_bound_again_once_its_address_is_known() -> None:
+    p = pod("p", "u", "0123abcd-1")
+    p["spec"] = {"containers": [{"ports": [{"name": "mcp", "containerPort": 8080}]}]}
+    _, _, calls = pod_event_calls("ADDED", p)
+    assert [(c.verb, c.address) for c in calls] == [("bind", None)]
+    assert pod_event_calls("MODIFIED", p, done=Stage.BOUND)[2] == []
+    p["status"]["podIP"] = "10.0.0.9"
+    _, _, calls = pod_event_calls("MODIFIED", p, done=Stage.BOUND)
+    assert [(c.verb, c.address) for c in calls] == [("bind", "10.0.0.9:8080")]
+    again = pod_event_calls("MODIFIED", p, done=Stage.BOUND, bound_address="10.0.0.9:8080")
+    assert again[2] == []
 
 
 # ------------------------------------------------------------------------------ resync
