@@ -1,11 +1,15 @@
-"""`python -m bench [service|replica] [options]`: run one benchmark, or all of them."""
+"""`python -m bench [service|replica|forward] [options]`: run one benchmark, or all of them."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-BENCHES = {"service": "bench.service_bench", "replica": "bench.replica_bench"}
+BENCHES = {
+    "service": "bench.service_bench",
+    "replica": "bench.replica_bench",
+    "forward": "bench.forward_bench",
+}
 
 
 def main() -> int:

@@ -174,8 +174,13 @@ class NaiveClient(DemoClient):
             session += 1
             try:
                 await self._session(session)
-            except Exception as exc:  # the session could not even open: count and retry
+            except Exception as exc:  # the session could not open, or the SDK client crashed
                 self.result.errors.append(f"session {session}: {exc!r}")
+                call = self._current
+                if call is not None and call.outcome == "pending":
+                    # The SDK client's task group died under the call (mcp 2.3: one POST that
+                    # gets no response ends the whole session): it failed, it did not hang.
+                    call.failed_with(exc)
                 await asyncio.sleep(0.2)
         return self.result
 
