@@ -130,13 +130,10 @@ class Forwarder:
         receive: Receive,
         send: Send,
         route: Route,
-        *,
-        body: bytes | None = None,
     ) -> None:
-        """Send the request to ``route`` and stream its answer back.
-
-        ``body``: the request body when the caller has read it already. Raises
-        :class:`OwnerUnreachable` before anything was sent to the client.
+        """Send the request to ``route`` and stream its answer back. Raises
+        :class:`OwnerUnreachable` when nothing reached the owner (and nothing was sent to the
+        client), :class:`OwnerLost` when the owner took the request and went away unanswered.
         """
         headers = [(k, v) for k, v in scope["headers"] if bytes(k).lower() not in _HOP_BY_HOP]
         headers.append((FORWARDED_TO_HEADER.encode(), str(route.epoch).encode()))
@@ -144,8 +141,9 @@ class Forwarder:
         url = f"http://{route.address}{bytes(path).decode('latin-1')}"
         if scope.get("query_string"):
             url += "?" + bytes(scope["query_string"]).decode("latin-1")
-        content: bytes | AsyncIterator[bytes] = body if body is not None else _request_body(receive)
-        request = self._http().build_request(scope["method"], url, headers=headers, content=content)
+        request = self._http().build_request(
+            scope["method"], url, headers=headers, content=_request_body(receive)
+        )
         try:
             response = await self._http().send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:

@@ -203,12 +203,10 @@ class ResumptionGuard:
         log.info("request for session of %s rejected: %s", owner, reason)
         await send_rejection(send, reason, f"the session's process {owner} is not here")
 
-    async def _forward(
-        self, scope: Scope, receive: Receive, send: Send, route: Route, body: bytes | None = None
-    ) -> bool:
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, route: Route) -> bool:
         """True when the owner answered (the answer went to the client); False: unreachable."""
         try:
-            await self.forwarder.forward(scope, receive, send, route, body=body)
+            await self.forwarder.forward(scope, receive, send, route)
         except OwnerUnreachable as exc:
             log.warning("owner unreachable, rejecting instead: %s", exc)
             return False
