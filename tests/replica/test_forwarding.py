@@ -142,26 +142,32 @@ def test_a_draining_owner_finishes_its_calls_refuses_new_ones_and_exits(
 ) -> None:
     a, b = pair
     s = RawSession(a.url, http).initialize()
+    steps = 50  # 5 s: the call outlasts everything the test does while A drains
     params = {
         "name": "countdown",
-        "arguments": {"n": 20, "delay": 0.1},
+        "arguments": {"n": steps, "delay": 0.1},
         "_meta": {"progressToken": "long"},
     }
     body = {"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": params}
+
+    def opened_on_b() -> bool:
+        fresh = RawSession(a.url, http).initialize()  # harmless before the drain: idle
+        return fresh.session_id is not None and fresh.session_id.startswith(b.srv.epoch + "_")
+
     with http.stream("POST", b.url, json=body, headers=s.headers()) as call:
         lines = call.iter_lines()
         # The call runs on A (through B): its first progress arrives.
         first = next(line for line in lines if line.startswith("data:") and "progress" in line)
         a.srv.proc.send_signal(signal.SIGTERM)
         began = time.monotonic()
-        # A new call on A's session is refused before it runs ...
-        until(lambda: s.post("tools/call", params, request_id=51)[0].status_code == 404)
-        # ... and a new session sent to A is opened on B.
-        fresh = RawSession(a.url, http).initialize()
-        assert fresh.session_id is not None and fresh.session_id.startswith(b.srv.epoch + "_")
+        # A drains: a new session sent to A is opened on B ...
+        until(opened_on_b)
+        # ... and a new call on A's session is refused before it runs.
+        refused, _ = s.post("tools/call", params, request_id=51)
+        assert refused.status_code == 404 and refused.headers[REJECTED_HEADER] == "retired"
         rest = [first, *lines]
     events = parse_sse(rest)
-    assert progress_of(events) == list(range(1, 21))
+    assert progress_of(events) == list(range(1, steps + 1))
     assert any('"result"' in e.data for e in events)
     # A exits once its call is delivered, well inside the default 25 s drain.
     assert a.srv.proc.wait(10) == 0
