@@ -146,6 +146,18 @@ class EpochSafeApp:
             log.info("drained in %.2fs (%d calls finished)", result.seconds, waiting)
         return result
 
+    def _closing_when_draining(self, send: Send) -> Send:
+        """While draining, every answer says ``Connection: close``: no client or peer keeps an
+        idle connection to this process, so none sends a request on a connection the process
+        is closing as it exits (it would be lost unanswered, and unknowable as "not run")."""
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and self._guard.is_draining():
+                message = _with_close(message)
+            await send(message)
+
+        return closing
+
     async def close(self) -> None:
         """Stop following the ledger and forwarding."""
         await self._guard.forwarder.aclose()
@@ -165,6 +177,9 @@ class EpochSafeApp:
         if scope["type"] == "http" and not self.store.bound:
             await respond(send, 503, error_body(NOT_STARTED, code=INTERNAL_ERROR))
             return
+        if scope["type"] == "http":
+            await self._guard(scope, receive, self._closing_when_draining(send))
+            return
         if scope["type"] != "lifespan":
             await self._guard(scope, receive, send)
             return
@@ -178,6 +193,11 @@ class EpochSafeApp:
             return message
 
         await self._guard(scope, lifespan_receive, send)
+
+
+def _with_close(message: Message) -> Message:
+    headers = [h for h in message.get("headers", ()) if bytes(h[0]).lower() != b"connection"]
+    return {**message, "headers": [*headers, (b"connection", b"close")]}
 
 
 def epoch_safe_app(server: StreamableServer, **options: Any) -> EpochSafeApp:

@@ -165,6 +165,8 @@ def test_a_draining_owner_finishes_its_calls_refuses_new_ones_and_exits(
         # ... and a new call on A's session is refused before it runs.
         refused, _ = s.post("tools/call", params, request_id=51)
         assert refused.status_code == 404 and refused.headers[REJECTED_HEADER] == "retired"
+        # Nobody keeps an idle connection to a draining process (one it would close on exit).
+        assert refused.headers["connection"] == "close"
         rest = [first, *lines]
     events = parse_sse(rest)
     assert progress_of(events) == list(range(1, steps + 1))
