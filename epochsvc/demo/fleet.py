@@ -49,7 +49,6 @@ class Replica:
     epoch: str  # pod epoch ("" for naive replicas)
     process_epoch: str
     proc: subprocess.Popen[str] | None = None
-    uid: str = ""
     #: How the process left: seconds from SIGTERM to exit, and what its drain reported.
     stop_seconds: float | None = None
     drain: dict[str, float] = field(default_factory=dict)
@@ -192,7 +191,7 @@ class LocalProcessFleet(FleetDriver):
             raise RuntimeError(f"replica {name} exited at start; see {log}")
         info = json.loads(line)
         backend = Backend(name, "127.0.0.1", int(info["port"]))
-        rep = Replica(backend, epoch, info["epoch"], proc, uid)
+        rep = Replica(backend, epoch, info["epoch"], proc)
         self._all.append(rep)
         await _wait_serving(rep.backend)
         if epoch and self._ops is not None:
@@ -233,13 +232,20 @@ class LocalProcessFleet(FleetDriver):
             await asyncio.to_thread(proc.wait)
         rep.stop_seconds = time.monotonic() - began
         if proc.stdout is not None:
-            rest = await asyncio.to_thread(proc.stdout.read)
-            for line in rest.splitlines():
-                with contextlib.suppress(ValueError):
-                    report = json.loads(line)
-                    if isinstance(report, dict) and "drained" in report:
-                        rep.drain = report
+            rep.drain = drain_report(await asyncio.to_thread(proc.stdout.read))
             proc.stdout.close()
+
+
+def drain_report(output: str) -> dict[str, float]:
+    """The drain report an epoch replica prints as it exits (see :mod:`epochsvc.demo.replica`):
+    the last JSON line with ``drained``, or empty (a naive replica, or a killed one)."""
+    report: dict[str, float] = {}
+    for line in output.splitlines():
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(line)
+            if isinstance(parsed, dict) and "drained" in parsed:
+                report = parsed
+    return report
 
 
 def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[str]:

@@ -114,10 +114,6 @@ class EpochSafeApp:
         """Requests this process handed to their owners so far."""
         return self._guard.forwarder.forwarded
 
-    @property
-    def draining(self) -> bool:
-        return self._guard.is_draining()
-
     async def drain(self, deadline: float | None = None) -> DrainResult:
         """Take no new sessions or calls, and wait until the calls in flight are delivered.
 

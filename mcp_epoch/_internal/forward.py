@@ -22,7 +22,7 @@ import anyio
 import httpx
 
 from mcp_epoch._internal.snapshot import EpochSnapshot
-from mcp_epoch.contract import FORWARDED_BY_HEADER, FORWARDED_TO_HEADER, ProcessEpoch
+from mcp_epoch.contract import FORWARDED_BY_HEADER, FORWARDED_TO_HEADER, PodEpoch, ProcessEpoch
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ _HOP_BY_HOP: Final = frozenset(
 )
 MISDIRECTED: Final = 421
 #: On the guard's own 421: "I am not that process" (any other 421 is the owner's answer).
-NOT_THE_OWNER_HEADER: Final = b"mcp-epoch-not-owner"
+NOT_THE_OWNER_HEADER: Final = "mcp-epoch-not-owner"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ def live_peers(view: EpochSnapshot, own: ProcessEpoch) -> list[Route]:
         if rec.state != "live" or rec.address is None or rec.incarnation is None:
             continue
         try:
-            epoch = ProcessEpoch.parse(f"{rec.epoch}.{rec.incarnation}")
+            epoch = ProcessEpoch(PodEpoch.parse(rec.epoch), rec.incarnation)
         except ValueError:
             continue
         if epoch.pod != own.pod:
@@ -154,9 +154,7 @@ class Forwarder:
             log.warning("forward to %s lost its connection: %r", route.epoch, exc)
             raise OwnerLost(str(exc)) from None
         try:
-            if response.status_code == MISDIRECTED and NOT_THE_OWNER_HEADER in {
-                k.lower() for k, _ in response.headers.raw
-            }:
+            if response.status_code == MISDIRECTED and NOT_THE_OWNER_HEADER in response.headers:
                 said = (await response.aread())[:200].decode("utf-8", "replace")
                 raise OwnerUnreachable(f"{route.address} is no longer {route.epoch}: {said}")
             self.forwarded += 1

@@ -155,7 +155,8 @@ class ResumptionGuard:
         forwarded_to = headers.get(FORWARDED_TO_HEADER.encode())
         if forwarded_to is not None and forwarded_to.decode("latin-1") != str(own):
             body = error_body(f"this is process {own}, not {forwarded_to.decode('latin-1')!r}")
-            await respond(send, MISDIRECTED, body, [(NOT_THE_OWNER_HEADER, str(own).encode())])
+            mark = (NOT_THE_OWNER_HEADER.encode(), str(own).encode())
+            await respond(send, MISDIRECTED, body, [mark])
             return
 
         method = scope.get("method")
@@ -225,7 +226,7 @@ class ResumptionGuard:
         method: str | None,
     ) -> None:
         tag = None if sid is None else self.sessions.get(sid.local)
-        streams: list[str] = []  # the request streams whose clean end may deliver a call
+        streams: list[str] = []  # the request streams whose chunks may deliver a call
         if cursor is not None:
             plan = await self._admit_resumption(cursor, tag, send)
             if plan is None:

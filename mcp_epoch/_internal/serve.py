@@ -10,7 +10,6 @@ exits at once. This module imports ``uvicorn`` (a dependency of the MCP SDK).
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 from collections.abc import Callable
 from types import FrameType
@@ -20,8 +19,6 @@ import uvicorn
 
 from mcp_epoch._internal.app import EpochSafeApp
 from mcp_epoch._internal.guard import ASGIApp
-
-log = logging.getLogger("mcp_epoch")
 
 
 class DrainingServer(uvicorn.Server):

@@ -18,6 +18,7 @@ from typing import Any
 
 from mcp_epoch.contract import PORT_ANNOTATION, PodEpoch
 from mcp_epoch_operator.names import EPOCH_ANNOTATION, SERVER_LABEL
+from mcp_epoch_operator.resources import PORT_NAME
 
 
 class Stage(IntEnum):
@@ -77,7 +78,7 @@ def address_of(pod: dict[str, Any]) -> str | None:
             for p in c.get("ports") or []
             if isinstance(p.get("containerPort"), int)
         ]
-        named = [p for p in ports if p.get("name") == "mcp"]
+        named = [p for p in ports if p.get("name") == PORT_NAME]
         if named or ports:
             port = int((named or ports)[0]["containerPort"])
     if port is None:

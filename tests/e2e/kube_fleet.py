@@ -146,7 +146,7 @@ class KubernetesFleet(FleetDriver):
 
     def replicas(self) -> list[Replica]:
         return [
-            Replica(p.backend, p.env_epoch, p.process_epoch, uid=p.uid, drain=p.drain)
+            Replica(p.backend, p.env_epoch, p.process_epoch, drain=p.drain)
             for p in self.runner.processes()
             if p.backend is not None
         ]

@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from epochsvc.demo.fleet import ReplicaSetListener, _wait_serving
+from epochsvc.demo.fleet import ReplicaSetListener, _wait_serving, drain_report
 from epochsvc.demo.proxy import Backend
 
 Log = Callable[[str], None]
@@ -561,11 +561,7 @@ class PodRunner:
                 await proc.wait()
         self._leave_rotation(pp)  # a stopped process is unreachable, endpoints or not
         if proc.stdout is not None:  # what the process said on its way out (its drain)
-            for line in (await proc.stdout.read()).decode(errors="replace").splitlines():
-                with contextlib.suppress(ValueError):
-                    report = json.loads(line)
-                    if isinstance(report, dict) and "drained" in report:
-                        pp.drain = report
+            pp.drain = drain_report((await proc.stdout.read()).decode(errors="replace"))
         pp.alive = None
         await self._release(pp)
         self._changed.set()
@@ -580,13 +576,7 @@ class PodRunner:
         finalizers = list((pod.get("metadata") or {}).get("finalizers") or [])
         if FINALIZER in finalizers:
             return
-        body = {"metadata": {"finalizers": [*finalizers, FINALIZER]}}
-        resp = await self._api.patch(
-            f"{self._path}/{pp.pod}",
-            content=json.dumps(body),
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-        resp.raise_for_status()
+        (await self._set_finalizers(pp.pod, [*finalizers, FINALIZER])).raise_for_status()
         pp.held = True
 
     async def _release(self, pp: PodProcess) -> None:
@@ -598,18 +588,23 @@ class PodRunner:
             resp = await self._api.get(f"{self._path}/{pp.pod}")
             if resp.status_code == 404:
                 return
-            left = [f for f in resp.json()["metadata"].get("finalizers") or [] if f != FINALIZER]
-            body = {
-                "metadata": {
-                    "finalizers": left or None,
-                    "resourceVersion": resp.json()["metadata"]["resourceVersion"],
-                }
-            }
-            await self._api.patch(
-                f"{self._path}/{pp.pod}",
-                content=json.dumps(body),
-                headers={"Content-Type": "application/merge-patch+json"},
-            )
+            meta = resp.json()["metadata"]
+            left = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+            await self._set_finalizers(pp.pod, left or None, meta["resourceVersion"])
+
+    async def _set_finalizers(
+        self, pod: str, finalizers: list[str] | None, version: str | None = None
+    ) -> httpx.Response:
+        """A merge patch of the pod's finalizers (``version``: only if the pod is unchanged)."""
+        assert self._api is not None
+        meta: dict[str, Any] = {"finalizers": finalizers}
+        if version is not None:
+            meta["resourceVersion"] = version
+        return await self._api.patch(
+            f"{self._path}/{pod}",
+            content=json.dumps({"metadata": meta}),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
 
     async def _ip_free(self, pp: PodProcess) -> None:
         """kwok hands a freed pod IP to the next pod at once; a node would not while the old

@@ -441,12 +441,7 @@ class SqlEpochStore(EpochStore):
                 if (
                     address is not None
                     and address != current.address
-                    and current.state
-                    in (
-                        State.PENDING,
-                        State.LIVE,
-                        State.DRAINING,
-                    )
+                    and current.state not in TOMBSTONES
                 ):
                     values["address"] = address
             if not values:
