@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# System packages the test suite needs beyond Python: PostgreSQL's server (the storage tests
-# run a real one on loopback). Installs them with apt when missing; needs root or sudo.
+# System packages the test suite needs beyond Python, installed with apt when missing (needs
+# root or sudo): PostgreSQL's server (the storage tests run a real one on loopback) and
+# iproute2 (the end-to-end test makes the pod address range local with `ip route`).
 set -euo pipefail
 have_pg() { command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }
-if ! have_pg; then
-  echo "installing PostgreSQL (needed by the storage tests)..." >&2
+missing=()
+have_pg || missing+=(postgresql)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing ${missing[*]} (needed by the test suite)..." >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
