@@ -49,6 +49,8 @@ PRESTOP_ANNOTATION: Final = f"{GROUP}/prestop-seconds"
 ENV_EPOCH: Final = "MCP_EPOCH"
 ENV_SERVICE_URL: Final = "MCP_EPOCH_SERVICE_URL"
 ENV_SERVICE_TOKEN: Final = "MCP_EPOCH_SERVICE_TOKEN"
+#: A file holding the credential (re-read on every call: the kubelet rotates a projected token).
+ENV_SERVICE_TOKEN_FILE: Final = "MCP_EPOCH_SERVICE_TOKEN_FILE"
 ENV_NAMESPACE: Final = "MCP_SERVER_NAMESPACE"
 ENV_SERVER: Final = "MCP_SERVER_NAME"
 ENV_POD_NAME: Final = "MCP_POD_NAME"
@@ -60,6 +62,7 @@ INJECTED_ENV: Final = (
     ENV_EPOCH,
     ENV_SERVICE_URL,
     ENV_SERVICE_TOKEN,
+    ENV_SERVICE_TOKEN_FILE,
     ENV_NAMESPACE,
     ENV_SERVER,
     ENV_POD_NAME,
@@ -67,6 +70,18 @@ INJECTED_ENV: Final = (
     ENV_BUFFER,
     ENV_DRAIN,
 )
+
+# --- per-pod identity --------------------------------------------------------------------------
+
+#: The audience of the projected ServiceAccount tokens pods present to the epoch service; the
+#: service refuses a token minted for any other audience (e.g. the API server's own).
+TOKEN_AUDIENCE: Final = "mcp-epoch"
+#: The projected token the webhook mounts into every epoch-managed container.
+TOKEN_VOLUME: Final = "mcp-epoch-token"
+TOKEN_MOUNT_PATH: Final = "/var/run/secrets/mcp.epochs.dev"
+TOKEN_FILE: Final = f"{TOKEN_MOUNT_PATH}/token"
+#: Lifetime the kubelet is asked for (it refreshes a token at 80 % of it).
+TOKEN_EXPIRATION_SECONDS: Final = 3600
 
 # --- the lifecycle of a pod epoch ---------------------------------------------------------------
 

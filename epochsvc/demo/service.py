@@ -35,6 +35,7 @@ class EpochService:
     def start(self, timeout: float = 30.0) -> None:
         env = {
             **os.environ,
+            "EPOCHSVC_AUTH": "static",
             "EPOCHSVC_DATABASE_URL": f"sqlite:///{self.workdir / 'ledger.db'}",
             "EPOCHSVC_OPERATOR_TOKEN": self.operator_token,
             "EPOCHSVC_REPLICA_TOKEN": self.replica_token,

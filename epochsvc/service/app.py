@@ -12,8 +12,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from epochsvc.service.auth import Tokens
+from epochsvc.service.access import Access
+from epochsvc.service.auth import Authenticator, KubernetesAuth, Tokens
 from epochsvc.service.errors import install_error_handlers
+from epochsvc.service.identity import SA_PREFIX, ApiServer, TokenReviewer
 from epochsvc.service.limits import BodyLimit
 from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.metrics import Metrics, ObserveLatency
@@ -25,8 +27,28 @@ from mcp_epoch import __version__
 log = logging.getLogger("epochsvc")
 
 
-def resolve_tokens(settings: Settings) -> tuple[Tokens, list[str]]:
-    """Tokens from settings; missing ones are generated (and named, so they can be printed)."""
+def resolve_auth(settings: Settings) -> tuple[Authenticator, list[str]]:
+    """How callers are verified; with static tokens, missing ones are generated (and named,
+    so they can be printed). Raises ValueError with what to set."""
+    if settings.auth == "kubernetes":
+        account = settings.operator_service_account
+        if not account:
+            raise ValueError(
+                "EPOCHSVC_AUTH=kubernetes needs EPOCHSVC_OPERATOR_SERVICE_ACCOUNT "
+                "(namespace/name of the operator's ServiceAccount)"
+            )
+        api = ApiServer.discover(
+            settings.kube_api_url, settings.kube_ca_file, settings.kube_token_file
+        )
+        reviewer = TokenReviewer(
+            api, settings.token_audience, cache_seconds=settings.token_cache_seconds
+        )
+        namespace, _, name = account.partition("/")
+        return KubernetesAuth(reviewer, f"{SA_PREFIX}{namespace}:{name}"), []
+    return _static_tokens(settings)
+
+
+def _static_tokens(settings: Settings) -> tuple[Tokens, list[str]]:
     generated = []
     values = {}
     for role in ("operator", "replica"):
@@ -64,19 +86,20 @@ async def _sweep_forever(app: FastAPI) -> None:
 
 def create_app(
     settings: Settings | None = None,
-    tokens: Tokens | None = None,
+    auth: Authenticator | None = None,
     store: EpochStore | None = None,
 ) -> FastAPI:
     """The service; ``store`` is opened here unless the caller opened it (``serve`` does, to
     report a bad database URL or a locked ledger as one clear line before listening)."""
     settings = settings or Settings()
-    if tokens is None:
-        tokens, _ = resolve_tokens(settings)
+    if auth is None:
+        auth, _ = resolve_auth(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store = store or await open_store(settings.database_url)
         app.state.store.on_change = app.state.notifier.notify
+        app.state.access = Access(app.state.store)
         await app.state.store.attach()
         sweeper = asyncio.create_task(_sweep_forever(app), name="epochsvc-sweeper")
         try:
@@ -86,6 +109,8 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
             await app.state.store.close()
+            if isinstance(auth, KubernetesAuth):
+                await auth.reviewer.close()
 
     app = FastAPI(
         title="mcp-epoch epoch service",
@@ -94,7 +119,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.tokens = tokens
+    app.state.auth = auth
     app.state.notifier = ChangeNotifier()
     app.state.metrics = Metrics()
     install_error_handlers(app)

@@ -1,9 +1,21 @@
-"""Bearer-token dependencies: the operator may do everything, replicas may register
-incarnations and read. Tokens are compared in constant time."""
+"""Who is calling (authentication), as FastAPI dependencies.
+
+Two modes (``EPOCHSVC_AUTH``):
+
+- ``kubernetes`` (the chart's): every caller presents a projected ServiceAccount token for
+  the audience ``mcp-epoch``. The operator is one named ServiceAccount; every other accepted
+  token must be bound to a pod, and that pod may act only for itself (see :mod:`.access`).
+- ``static``: two shared tokens, operator and replica, for running outside a cluster. A
+  replica token cannot say which pod holds it, so it is trusted less: it never sees pod UIDs
+  and must name the bound pod's UID to register an incarnation.
+
+Static tokens are compared in constant time.
+"""
 
 from __future__ import annotations
 
 import hmac
+import logging
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated
@@ -11,11 +23,25 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from epochsvc.service.errors import ApiError
+from epochsvc.service.identity import PodIdentity, ReviewUnavailable, TokenReviewer
+
+log = logging.getLogger("epochsvc.auth")
 
 
 class Role(StrEnum):
     OPERATOR = "operator"
-    REPLICA = "replica"
+    POD = "pod"  # a pod-bound ServiceAccount token: acts only for that pod
+    REPLICA = "replica"  # the static shared replica token
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    role: Role
+    pod: PodIdentity | None = None
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role is Role.OPERATOR
 
 
 @dataclass(frozen=True)
@@ -35,31 +61,71 @@ class Tokens:
         return None
 
 
+@dataclass(frozen=True)
+class KubernetesAuth:
+    reviewer: TokenReviewer
+    #: ``system:serviceaccount:<namespace>:<name>`` of the operator.
+    operator_username: str
+
+
+Authenticator = Tokens | KubernetesAuth
+
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="mcp-epoch"'}
 
 
-async def caller_role(request: Request) -> Role:
+def _refused(detail: str) -> ApiError:
+    log.warning("refused a credential: %s", detail)
+    return ApiError(403, "forbidden", "the bearer token is not valid for this service")
+
+
+async def authenticate(auth: Authenticator, token: str) -> Caller:
+    """The caller a bearer token stands for; 403 for one that stands for nobody here."""
+    if isinstance(auth, Tokens):
+        role = auth.role_of(token)
+        if role is None:
+            raise _refused("no static token matched")
+        return Caller(role)
+    try:
+        who = await auth.reviewer.review(token)
+    except ReviewUnavailable as exc:
+        raise ApiError(
+            503,
+            "auth-unavailable",
+            f"cannot verify the token now ({exc}); retry shortly",
+            {"Retry-After": "1"},
+        ) from None
+    if who is None:
+        raise _refused("TokenReview: not an accepted ServiceAccount token for this audience")
+    if who.username == auth.operator_username:
+        return Caller(Role.OPERATOR, who.pod)
+    if who.pod is None:
+        raise _refused(f"{who.username} is neither the operator nor bound to a pod")
+    return Caller(Role.POD, who.pod)
+
+
+async def caller(request: Request) -> Caller:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(
             401,
             "unauthenticated",
-            "missing credentials: send 'Authorization: Bearer <operator or replica token>'",
+            "missing credentials: send 'Authorization: Bearer <token>' (in a cluster, the "
+            "pod's projected ServiceAccount token for the audience mcp-epoch)",
             _CHALLENGE,
         )
-    tokens: Tokens = request.app.state.tokens
-    role = tokens.role_of(token.strip())
-    if role is None:
-        raise ApiError(403, "forbidden", "the bearer token is not valid for this service")
-    return role
+    try:
+        return await authenticate(request.app.state.auth, token.strip())
+    except ApiError as exc:
+        request.app.state.metrics.auth_refused.labels(exc.code).inc()
+        raise
 
 
-async def require_operator(role: Annotated[Role, Depends(caller_role)]) -> Role:
-    if role is not Role.OPERATOR:
-        raise ApiError(403, "forbidden", "this call needs the operator token")
-    return role
+async def require_operator(who: Annotated[Caller, Depends(caller)]) -> Caller:
+    if not who.is_operator:
+        raise ApiError(403, "forbidden", "this call is the operator's")
+    return who
 
 
-AnyCaller = Annotated[Role, Depends(caller_role)]
-Operator = Annotated[Role, Depends(require_operator)]
+AnyCaller = Annotated[Caller, Depends(caller)]
+Operator = Annotated[Caller, Depends(require_operator)]

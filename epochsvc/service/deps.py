@@ -10,6 +10,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
+from epochsvc.service.access import Access
 from epochsvc.service.errors import ApiError
 from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.metrics import Metrics
@@ -43,7 +44,13 @@ async def get_metrics(request: Request) -> Metrics:
     return metrics
 
 
+async def get_access(request: Request) -> Access:
+    access: Access = request.app.state.access
+    return access
+
+
 Store = Annotated[EpochStore, Depends(get_store)]
+Rules = Annotated[Access, Depends(get_access)]
 Config = Annotated[Settings, Depends(get_settings)]
 Notifier = Annotated[ChangeNotifier, Depends(get_notifier)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]

@@ -77,7 +77,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(LifecycleError)
     async def _lifecycle(_: Request, exc: LifecycleError) -> JSONResponse:
-        return error_response(409, exc.code, exc.message)
+        headers = {"Retry-After": "1"} if exc.code == "not-bound" else None
+        return error_response(exc.status, exc.code, exc.message, headers)
 
     @app.exception_handler(RequestConflict)
     async def _conflict(_: Request, exc: RequestConflict) -> JSONResponse:

@@ -1,9 +1,10 @@
 """The pod-epoch lifecycle as plain rules, so the store, the API and the tests share one truth.
 
 ``pending → live → draining → retired`` and ``pending → abandoned``. Incarnations (process
-starts) may be registered while a pod epoch is pending or live: a container can start before
-the operator has seen its pod. A legal repeat (the same transition again, with the same pod) is
-a no-op; anything else that does not fit is an illegal transition.
+starts) may be registered while a pod epoch is pending or live; a pod registering for itself
+must wait until its epoch is bound to its UID (``not-bound``, retryable), because before that
+nothing proves the epoch is its own. A legal repeat (the same transition again, with the same
+pod) is a no-op; anything else that does not fit is an illegal transition.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ INCARNATION_STATES = frozenset({State.PENDING, State.LIVE})
 class LifecycleError(Exception):
     """A request the lifecycle forbids; ``code`` is stable for API clients."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, status: int = 409) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,4 +95,18 @@ def check_incarnation(epoch: str, state: State) -> None:
             "illegal-transition",
             f"cannot register a process start for epoch {epoch}: it is {state.value}; "
             "a pod epoch takes new incarnations only while pending or live",
+        )
+
+
+def check_owner(epoch: str, bound_uid: str | None, claimed_uid: str) -> None:
+    """A registration on behalf of pod ``claimed_uid``: the epoch must be bound to it. The
+    message names no UID, so a wrong guess teaches the caller nothing."""
+    if bound_uid is None:
+        raise LifecycleError(
+            "not-bound",
+            f"epoch {epoch} is not bound to a pod yet; retry once the operator has seen the pod",
+        )
+    if bound_uid != claimed_uid:
+        raise LifecycleError(
+            "not-your-epoch", f"epoch {epoch} is not bound to the calling pod", status=403
         )

@@ -32,6 +32,12 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 60),
             registry=self.registry,
         )
+        self.auth_refused = Counter(
+            "epochsvc_auth_refused_total",
+            "Requests whose credentials were refused or could not be verified, by code",
+            ["code"],
+            registry=self.registry,
+        )
         self.waiters = Gauge(
             "epochsvc_longpoll_waiters", "Long polls currently held", registry=self.registry
         )

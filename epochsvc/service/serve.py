@@ -10,7 +10,7 @@ from types import FrameType
 import uvicorn
 
 from epochsvc import logs
-from epochsvc.service.app import create_app, resolve_tokens
+from epochsvc.service.app import create_app, resolve_auth
 from epochsvc.service.headers import bounded
 from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.settings import Settings
@@ -42,7 +42,7 @@ class _AnnouncingServer(uvicorn.Server):
 def serve(host: str, port: int, log_level: str | None = None) -> int:
     try:
         settings = Settings()
-        tokens, generated = resolve_tokens(settings)
+        auth, generated = resolve_auth(settings)
     except ValueError as exc:
         print(f"mcp-epoch serve: invalid settings: {exc}", file=sys.stderr)
         return 2
@@ -65,12 +65,12 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
     bound_port = sock.getsockname()[1]
     url_host = f"[{host}]" if family == socket.AF_INET6 else host
     for role in generated:
-        value = getattr(tokens, role)
+        value = getattr(auth, role)
         print(
             f"generated {role} token (set EPOCHSVC_{role.upper()}_TOKEN to choose one): {value}",
             flush=True,
         )
-    app = create_app(settings, tokens, store)
+    app = create_app(settings, auth, store)
     config = uvicorn.Config(
         app,
         log_config=None,

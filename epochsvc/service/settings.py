@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from mcp_epoch.contract import MAX_WAIT_SECONDS
+from mcp_epoch.contract import DNS1123_LABEL_PATTERN, MAX_WAIT_SECONDS, TOKEN_AUDIENCE
+
+_ACCOUNT = rf"^{DNS1123_LABEL_PATTERN}/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
 class Settings(BaseSettings):
@@ -15,9 +19,22 @@ class Settings(BaseSettings):
         default="sqlite:///./data/ledger.db",
         description="sqlite:///path/to/file.db (embedded default) or postgresql://user:pw@host/db",
     )
-    # Unset tokens are generated at start and printed once: there are no anonymous writes.
+    # kubernetes: every caller presents a ServiceAccount token the API server verifies
+    # (TokenReview). static: two shared tokens, an explicit opt-in for running outside a
+    # cluster; unset ones are generated at start and printed once.
+    auth: Literal["kubernetes", "static"] = "kubernetes"
     operator_token: SecretStr | None = None
     replica_token: SecretStr | None = None
+    # kubernetes auth: the operator's ServiceAccount as namespace/name, the audience tokens
+    # must carry, and how to reach the API server (default: the pod's own mounted account).
+    operator_service_account: str | None = Field(default=None, pattern=_ACCOUNT)
+    token_audience: str = Field(default=TOKEN_AUDIENCE, min_length=1)
+    kube_api_url: str | None = None
+    kube_ca_file: str | None = None
+    kube_token_file: str | None = None
+    # A verified token is trusted this long before the API server is asked again (a retired
+    # pod's answers are dropped at once).
+    token_cache_seconds: float = Field(default=10.0, ge=0)
     # A pending epoch whose pod is never seen becomes `abandoned` after this long.
     pending_timeout_seconds: float = Field(default=600.0, gt=0)
     # Retired and abandoned epochs are kept this long to classify late cursors, then compacted.

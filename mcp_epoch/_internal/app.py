@@ -30,6 +30,7 @@ from mcp_epoch._internal.guard import (
     error_body,
     respond,
 )
+from mcp_epoch._internal.health import METRICS_PATH, READY_PATH, Health
 from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.liveview import LiveEpochView
 from mcp_epoch._internal.process import ProcessStart, start_process_epoch
@@ -169,7 +170,38 @@ class EpochSafeApp:
         finally:
             await self.close()
 
+    def health(self) -> Health:
+        """What ``/readyz`` and ``/metrics`` report, now."""
+        return Health(
+            started=self.store.bound,
+            draining=self._guard.is_draining(),
+            view=self.view,
+            forwarded=self.forwarded,
+            registered=bool(self.process_start and self.process_start.registered),
+        )
+
+    async def _probe(self, path: str, send: Send) -> None:
+        health = self.health()
+        if path == READY_PATH:
+            status, body = health.readiness()
+            await respond(send, status, body)
+            return
+        body = health.metrics()
+        headers = [
+            (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "GET"
+            and scope["path"] in (READY_PATH, METRICS_PATH)
+        ):
+            await self._probe(scope["path"], send)
+            return
         if scope["type"] == "http" and not self.store.bound:
             await respond(send, 503, error_body(NOT_STARTED, code=INTERNAL_ERROR))
             return

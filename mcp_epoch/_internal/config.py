@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,8 +19,11 @@ from mcp_epoch.contract import (
     ENV_POD_UID,
     ENV_SERVER,
     ENV_SERVICE_TOKEN,
+    ENV_SERVICE_TOKEN_FILE,
     ENV_SERVICE_URL,
 )
+
+log = logging.getLogger("mcp_epoch")
 
 
 def capacity_from_env(env: Mapping[str, str] | None = None) -> int:
@@ -63,6 +67,8 @@ class ReplicaConfig:
     pod_uid: str | None
     buffer_events: int
     drain_seconds: float = float(DEFAULT_DRAIN_SECONDS)
+    #: The pod's projected ServiceAccount token (wins over ``service_token``).
+    service_token_file: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ReplicaConfig:
@@ -78,7 +84,26 @@ class ReplicaConfig:
             pod_uid=_get(e, ENV_POD_UID),
             buffer_events=capacity_from_env(e),
             drain_seconds=drain_from_env(e),
+            service_token_file=_get(e, ENV_SERVICE_TOKEN_FILE),
         )
 
+    def credential(self) -> str | None:
+        """The token to present now. A token file is read on every call: the kubelet rotates
+        a projected token in place, so a copy taken at start would expire."""
+        if self.service_token_file:
+            try:
+                with open(self.service_token_file, encoding="utf-8") as f:
+                    return f.read().strip() or None
+            except OSError as exc:
+                log.error(
+                    "cannot read %s=%s (%s): calls to the epoch service go unauthenticated",
+                    ENV_SERVICE_TOKEN_FILE,
+                    self.service_token_file,
+                    exc,
+                )
+                return None
+        return self.service_token
+
     def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.service_token}"} if self.service_token else {}
+        token = self.credential()
+        return {"Authorization": f"Bearer {token}"} if token else {}

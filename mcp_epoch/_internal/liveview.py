@@ -30,6 +30,14 @@ class CredentialsRefused(RuntimeError):
     """The epoch service answered 401/403: retrying will not help until someone acts."""
 
 
+def _code(resp: httpx.Response) -> str | None:
+    try:
+        code = resp.json().get("code")
+    except (ValueError, AttributeError):
+        return None
+    return code if isinstance(code, str) else None
+
+
 class LiveEpochView:
     """Follows ``GET /v1/servers/{ns}/{server}/epochs?since=&wait=`` in the background."""
 
@@ -38,7 +46,7 @@ class LiveEpochView:
         service_url: str,
         namespace: str,
         server: str,
-        token: str | None = None,
+        token: str | Callable[[], str | None] | None = None,
         *,
         wait: float = 25.0,
         min_backoff: float = 0.1,
@@ -49,7 +57,8 @@ class LiveEpochView:
             f"{service_url.rstrip('/')}/v1/servers/"
             f"{quote(namespace, safe='')}/{quote(server, safe='')}/epochs"
         )
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # A callable is asked before every poll (a projected token file rotates in place).
+        self._token = token
         self._wait = min(max(wait, 0.0), MAX_WAIT_SECONDS)
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
@@ -62,6 +71,8 @@ class LiveEpochView:
         self.last_error: str | None = None
         #: True while the service refuses this replica's credentials (a safety path: loud).
         self.refused = False
+        #: Polls the service refused for credentials, since start (``/metrics``).
+        self.refusals = 0
         self.last_sync: float | None = None  # monotonic time of the last good answer
 
     @classmethod
@@ -69,9 +80,11 @@ class LiveEpochView:
         """A view for this server, or None when the environment does not name a service."""
         if not (config.service_url and config.namespace and config.server):
             return None
-        return cls(
-            config.service_url, config.namespace, config.server, config.service_token, **kwargs
-        )
+        return cls(config.service_url, config.namespace, config.server, config.credential, **kwargs)
+
+    def _headers(self) -> dict[str, str]:
+        token = self._token() if callable(self._token) else self._token
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     @property
     def snapshot(self) -> EpochSnapshot:
@@ -92,6 +105,7 @@ class LiveEpochView:
             log.error("%s", exc)
         with self._changed:
             self.refused = True
+            self.refusals += 1
             self.last_error = str(exc)
             self._changed.notify_all()
 
@@ -110,12 +124,13 @@ class LiveEpochView:
         params: list[tuple[str, str | int | float | bool | None]] = []
         if since is not None:
             params = [("since", since), ("wait", self._wait)]
-        resp = await client.get(self._url, params=params, headers=self._headers)
-        if resp.status_code in (401, 403):
+        resp = await client.get(self._url, params=params, headers=self._headers())
+        if resp.status_code in (401, 403) and _code(resp) != "not-bound":
             raise CredentialsRefused(
                 f"the epoch service refused this replica's credentials ({resp.status_code}): "
                 "this process keeps its last copy of the ledger and cannot learn of new or "
-                "retired epochs; check MCP_EPOCH_SERVICE_TOKEN (the replica token)"
+                "retired epochs, and reports not ready; check the pod's projected token "
+                "(MCP_EPOCH_SERVICE_TOKEN_FILE, audience mcp-epoch) or MCP_EPOCH_SERVICE_TOKEN"
             )
         if resp.status_code != 200:
             raise RuntimeError(f"epoch list answered {resp.status_code}: {resp.text[:200]}")

@@ -44,9 +44,15 @@ def fallback_epoch(pod: PodEpoch | None = None) -> ProcessEpoch:
     return ProcessEpoch(pod, FALLBACK_INCARNATION_MIN + secrets.randbelow(span))
 
 
+#: How long a start waits for the operator to bind this pod's epoch (``not-bound``): it binds
+#: on first sight of the pod, normally before the container starts.
+BIND_WAIT_SECONDS = 30.0
+
+
 def _register(
     client: httpx.Client, config: ReplicaConfig, pod: PodEpoch
-) -> tuple[ProcessEpoch | None, str]:
+) -> tuple[ProcessEpoch | None, str, str | None]:
+    """(epoch or None, what happened, the service's error code)."""
     body: dict[str, Any] = {}
     if config.pod_name:
         body["pod_name"] = config.pod_name
@@ -59,12 +65,12 @@ def _register(
             code = resp.json().get("code")
         except ValueError:
             code = None
-        return None, f"service answered {resp.status_code} ({code or 'no code'})"
+        return None, f"service answered {resp.status_code} ({code or 'no code'})", code
     data = resp.json()
     epoch = ProcessEpoch.parse(data["process_epoch"])
     if epoch.pod != pod:
-        return None, f"service returned {epoch} for pod epoch {pod}"
-    return epoch, "registered"
+        return None, f"service returned {epoch} for pod epoch {pod}", None
+    return epoch, "registered", None
 
 
 def start_process_epoch(
@@ -72,9 +78,14 @@ def start_process_epoch(
     *,
     attempts: int = 3,
     timeout: float = 2.0,
+    bind_wait: float = BIND_WAIT_SECONDS,
     transport: httpx.BaseTransport | None = None,
 ) -> ProcessStart:
-    """Register this process start with the epoch service, or fall back (with a warning)."""
+    """Register this process start with the epoch service, or fall back (with a warning).
+
+    Transport errors are retried ``attempts`` times; ``not-bound`` (the operator has not yet
+    bound the epoch to this pod) is retried until ``bind_wait`` has passed; any other refusal
+    is final."""
     cfg = ReplicaConfig.from_env() if config is None else config
     if cfg.pod_epoch is None:
         start = ProcessStart(fallback_epoch(), False, "MCP_EPOCH is not set")
@@ -88,19 +99,26 @@ def start_process_epoch(
         return start
     detail = "MCP_EPOCH_SERVICE_URL is not set"
     if cfg.service_url:
+        bind_deadline = time.monotonic() + bind_wait
+        failures = 0
         with httpx.Client(timeout=timeout, transport=transport) as client:
-            for attempt in range(max(1, attempts)):
+            while True:
                 try:
-                    epoch, detail = _register(client, cfg, pod)
+                    epoch, detail, code = _register(client, cfg, pod)
                 except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-                    epoch, detail = None, f"cannot register: {exc!r}"
-                    if attempt + 1 < attempts:
-                        time.sleep(min(0.25 * 2**attempt, 1.0))
-                    continue
+                    epoch, detail, code = None, f"cannot register: {exc!r}", "unreachable"
                 if epoch is not None:
                     log.info("process epoch %s registered", epoch)
                     return ProcessStart(epoch, True, detail)
-                break  # the service answered and refused: retrying will not change that
+                if code == "unreachable":
+                    failures += 1
+                    if failures >= max(1, attempts):
+                        break
+                    time.sleep(min(0.25 * 2 ** (failures - 1), 1.0))
+                elif code == "not-bound" and time.monotonic() < bind_deadline:
+                    time.sleep(0.2)  # a retry interval, not a synchronisation: the answer decides
+                else:
+                    break  # the service answered and refused: retrying will not change that
     start = ProcessStart(fallback_epoch(pod), False, detail)
     log.warning("using fallback process epoch %s: %s", start.epoch, start.detail)
     return start

@@ -15,13 +15,19 @@ Flags (environment fallbacks in brackets)::
     --epoch-service-url URL          how the operator reaches it [MCP_EPOCH_SERVICE_URL]
     --replica-epoch-service-url URL  how replicas reach it; injected as MCP_EPOCH_SERVICE_URL
                                      (default: --epoch-service-url)
-    --operator-token-file F          file holding the operator token
-                                     [MCP_EPOCH_OPERATOR_TOKEN holds the token itself]
+    --operator-token-file F          file holding the operator's credential, re-read before
+                                     every call (in a cluster: its projected ServiceAccount
+                                     token) [MCP_EPOCH_OPERATOR_TOKEN holds a static token]
     --epoch-service-ca F             CA bundle for an https epoch service
-    --replica-token-secret NAME      Secret (in each server's namespace) whose key holds the
+    --token-audience AUD             every managed pod gets its own projected ServiceAccount
+                                     token for this audience, as MCP_EPOCH_SERVICE_TOKEN_FILE
+                                     (default mcp-epoch) [MCP_EPOCH_TOKEN_AUDIENCE]
+    --replica-token-secret NAME      static tokens only (an epoch service outside a cluster):
+                                     Secret in each server's namespace whose key holds the
                                      replica token, injected as MCP_EPOCH_SERVICE_TOKEN via
-                                     secretKeyRef; an McpServer's spec.epochService.tokenSecretRef
-                                     overrides it [MCP_EPOCH_REPLICA_TOKEN_SECRET]
+                                     secretKeyRef instead of a projected token; an McpServer's
+                                     spec.epochService.tokenSecretRef overrides it
+                                     [MCP_EPOCH_REPLICA_TOKEN_SECRET]
     --replica-token-secret-key KEY   key in that Secret (default: token)
   admission webhook (omit --webhook-port to serve no webhook)
     --webhook-host ADDR              listen address (default 127.0.0.1; 0.0.0.0 in a pod)
@@ -50,7 +56,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from mcp_epoch.contract import TOKEN_AUDIENCE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +96,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="default Secret name holding the replica token, per server namespace",
     )
     parser.add_argument("--replica-token-secret-key", default="token")
+    parser.add_argument(
+        "--token-audience",
+        default=os.environ.get("MCP_EPOCH_TOKEN_AUDIENCE", TOKEN_AUDIENCE),
+        help="audience of the projected token mounted into every managed pod, unless "
+        "--replica-token-secret is given [MCP_EPOCH_TOKEN_AUDIENCE]",
+    )
     parser.add_argument("--webhook-host", default="127.0.0.1", help="webhook listen address")
     parser.add_argument("--webhook-port", type=int, help="webhook HTTPS port (none: no webhook)")
     parser.add_argument("--webhook-cert", type=Path, help="webhook serving certificate (PEM)")
@@ -123,16 +138,21 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.epoch_service_url:
         return _fail("--epoch-service-url (or MCP_EPOCH_SERVICE_URL) is required")
+    from mcp_epoch_operator.epochs import token_from_file
+
+    token: str | Callable[[], str]
     if args.operator_token_file is not None:
         try:
-            token = args.operator_token_file.read_text().strip()
+            token = token_from_file(args.operator_token_file)
         except OSError as exc:
             return _fail(f"cannot read --operator-token-file: {exc}")
+        first = token()
     else:
-        token = os.environ.get("MCP_EPOCH_OPERATOR_TOKEN", "").strip()
-    if not token:
+        token = first = os.environ.get("MCP_EPOCH_OPERATOR_TOKEN", "").strip()
+    if not first:
         return _fail(
-            "the operator token is required: MCP_EPOCH_OPERATOR_TOKEN or --operator-token-file"
+            "the operator's credential is required: --operator-token-file (in a cluster, its "
+            "projected ServiceAccount token) or MCP_EPOCH_OPERATOR_TOKEN"
         )
 
     webhook = None
@@ -162,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         replica=ReplicaDefaults(
             service_url=args.replica_epoch_service_url or args.epoch_service_url,
             token_secret=secret,
+            token_audience=None if secret else args.token_audience,
         ),
         operator_namespace=args.operator_namespace,
         webhook=webhook,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,8 @@ class OperatorConfig:
     #: None: every namespace; otherwise only these.
     namespaces: list[str] | None
     epoch_service_url: str
-    operator_token: str
+    #: The operator's credential, or a function that reads it afresh (a rotated token file).
+    operator_token: str | Callable[[], str]
     replica: ReplicaDefaults
     operator_namespace: str
     webhook: WebhookServing | None = None

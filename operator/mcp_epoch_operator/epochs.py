@@ -1,16 +1,22 @@
 """The operator's client for the epoch service: timeouts, retries with backoff, the operator
-token, and errors split into "the service said no" (a stable ``code``) and "the service cannot
-answer" (retry later, refuse pods meanwhile)."""
+credential, and errors split into "the service said no" (a stable ``code``) and "the service cannot
+answer" (retry later, refuse pods meanwhile). In a cluster the token is the operator's own
+projected ServiceAccount token, re-read from its file before every request."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+log = logging.getLogger("mcp_epoch_operator.epochs")
 
 #: 503 store-unavailable is the only error the service itself asks callers to retry.
 _RETRY_STATUS = frozenset({502, 503, 504})
@@ -46,14 +52,45 @@ BACKGROUND_POLICY = RetryPolicy()
 PROBE_POLICY = RetryPolicy(deadline=1.0, attempt_timeout=1.0)
 
 
+class BearerAuth(httpx.Auth):
+    """A bearer token asked for on every request: a projected ServiceAccount token is
+    rotated in its file by the kubelet, so a copy read at start would expire."""
+
+    def __init__(self, token: str | Callable[[], str]) -> None:
+        self._token = token
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        token = self._token() if callable(self._token) else self._token
+        request.headers["Authorization"] = f"Bearer {token}"
+        yield request
+
+
+def token_from_file(path: Path) -> Callable[[], str]:
+    """Read ``path`` on each call; an unreadable file keeps the last token it had."""
+    last = path.read_text().strip()
+
+    def read() -> str:
+        nonlocal last
+        try:
+            last = path.read_text().strip() or last
+        except OSError as exc:
+            log.error("cannot read the operator token file %s: %s", path, exc)
+        return last
+
+    return read
+
+
 class EpochServiceClient:
     """Async client; one per operator process (connection pooling)."""
 
-    def __init__(self, base_url: str, token: str, *, verify: Any = True) -> None:
+    def __init__(
+        self, base_url: str, token: str | Callable[[], str], *, verify: Any = True
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}", "User-Agent": "mcp-epoch-operator"},
+            auth=BearerAuth(token),
+            headers={"User-Agent": "mcp-epoch-operator"},
             verify=verify,
             timeout=BACKGROUND_POLICY.attempt_timeout,
         )

@@ -21,6 +21,7 @@ from mcp_epoch.contract import (
     ENV_DRAIN,
     INJECTED_ENV,
     MAX_OPERATOR_BUFFER_EVENTS,
+    TOKEN_AUDIENCE,
 )
 from mcp_epoch_operator.names import (
     API_VERSION,
@@ -69,7 +70,11 @@ class ReplicaDefaults:
     #: The epoch service URL as replicas reach it (in-cluster: the chart's Service DNS name).
     service_url: str
     #: Default replica-token Secret when an McpServer names none (None: inject no token).
+    #: Only for an epoch service with static tokens; it turns the projected token off.
     token_secret: TokenSecretRef | None = None
+    #: Audience of the projected ServiceAccount token the webhook mounts into every managed
+    #: pod (None: mount none).
+    token_audience: str | None = TOKEN_AUDIENCE
 
 
 def buffer_events(reconnect_window_seconds: float | None, events_per_second: float | None) -> int:

@@ -15,7 +15,12 @@ from mcp_epoch.contract import (
     DEFAULT_EVENTS_PER_SECOND,
     DEFAULT_RECONNECT_WINDOW_SECONDS,
     DNS1123_LABEL_RE,
+    ENV_SERVICE_TOKEN_FILE,
     RATE_ANNOTATION,
+    TOKEN_EXPIRATION_SECONDS,
+    TOKEN_FILE,
+    TOKEN_MOUNT_PATH,
+    TOKEN_VOLUME,
     UID_RE,
     WINDOW_ANNOTATION,
 )
@@ -103,7 +108,33 @@ def _env_defaults(
         env.append({"name": ENV_SERVICE_URL, "value": defaults.service_url})
     if defaults.token_secret is not None:
         env.append(secret_env(ENV_SERVICE_TOKEN, defaults.token_secret))
+    elif defaults.token_audience:
+        env.append({"name": ENV_SERVICE_TOKEN_FILE, "value": TOKEN_FILE})
     return env
+
+
+def token_volume(audience: str) -> dict[str, Any]:
+    """The pod's own credential for the epoch service: a ServiceAccount token bound to this
+    pod, for this audience only, short-lived and rotated by the kubelet. Nothing is copied
+    between namespaces, and the token dies with the pod."""
+    source = {
+        "audience": audience,
+        "expirationSeconds": TOKEN_EXPIRATION_SECONDS,
+        "path": TOKEN_FILE.rsplit("/", 1)[1],
+    }
+    return {"name": TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": source}]}}
+
+
+TOKEN_MOUNT: dict[str, Any] = {
+    "name": TOKEN_VOLUME,
+    "mountPath": TOKEN_MOUNT_PATH,
+    "readOnly": True,
+}
+
+
+def _replace_named(items: list[dict[str, Any]], item: dict[str, Any]) -> list[dict[str, Any]]:
+    """``items`` with ``item`` in place of any entry of the same name (a copied pod's)."""
+    return [*(i for i in items if i.get("name") != item["name"]), item]
 
 
 def _number(raw: Any, default: float) -> float:
@@ -127,6 +158,11 @@ def inject(pod: dict[str, Any], epoch: str, server: str, defaults: ReplicaDefaul
     meta["annotations"] = annotations
     extra = _env_defaults(pod, server, defaults)
     spec = pod.setdefault("spec", {})
+    projected = defaults.token_secret is None and bool(defaults.token_audience)
+    if projected:
+        assert defaults.token_audience is not None
+        volumes = list(spec.get("volumes") or [])
+        spec["volumes"] = _replace_named(volumes, token_volume(defaults.token_audience))
     for kind in ("initContainers", "containers"):
         for container in spec.get(kind) or []:
             env = list(container.get("env") or [])
@@ -140,6 +176,13 @@ def inject(pod: dict[str, Any], epoch: str, server: str, defaults: ReplicaDefaul
             present = {e.get("name") for e in env}
             env.extend(e for e in extra if e["name"] not in present)
             container["env"] = env
+            if projected:
+                mounts = [
+                    m
+                    for m in container.get("volumeMounts") or []
+                    if m.get("mountPath") != TOKEN_MOUNT_PATH
+                ]
+                container["volumeMounts"] = _replace_named(mounts, dict(TOKEN_MOUNT))
 
 
 def injected(

@@ -139,7 +139,35 @@ def test_auth(svc: EpochServiceProcess) -> None:
         assert rep.post("/v1/epochs", json=body).status_code == 403
         assert rep.post(f"/v1/epochs/{epoch}/retire").status_code == 403
         assert rep.get(f"/v1/epochs/{epoch}").status_code == 200
-        assert rep.post(f"/v1/epochs/{epoch}/incarnations").status_code == 201
+
+
+def test_the_shared_replica_token_cannot_take_over_an_epoch(svc: EpochServiceProcess) -> None:
+    """The attack of the first release: one POST with no body made a victim's live process
+    count as superseded. With the static token, a registration must name the bound pod's UID,
+    and nothing a replica gets back reveals one."""
+    victim_uid = "7f0c1e2a-1111-4c4c-9d9d-000000000001"
+    with svc.client() as op, svc.client(svc.replica_token) as rep:
+        epoch = issue(op)["epoch"]
+        pending = rep.post(f"/v1/epochs/{epoch}/incarnations", json={"pod_uid": victim_uid})
+        assert pending.status_code == 409 and pending.json()["code"] == "not-bound"
+        assert pending.headers["retry-after"] == "1"
+        bind = {"pod_name": "victim-0", "pod_uid": victim_uid}
+        op.post(f"/v1/epochs/{epoch}/bind", json=bind).raise_for_status()
+        own = rep.post(f"/v1/epochs/{epoch}/incarnations", json={"pod_uid": victim_uid})
+        assert own.status_code == 201, own.text
+        assert own.json()["process_epoch"] == f"{epoch}.0"
+
+        no_body = rep.post(f"/v1/epochs/{epoch}/incarnations")
+        assert no_body.status_code == 422 and no_body.json()["code"] == "pod-uid-required"
+        guess = rep.post(f"/v1/epochs/{epoch}/incarnations", json={"pod_uid": "guess"})
+        assert guess.status_code == 403 and guess.json()["code"] == "not-your-epoch"
+        for answer in (no_body, guess, rep.get(f"/v1/epochs/{epoch}")):
+            assert victim_uid not in answer.text
+        listed = rep.get("/v1/servers/default/demo/epochs").json()["epochs"]
+        assert listed and all(e["pod_uid"] is None for e in listed)
+        # The victim's process is still the newest incarnation: nobody superseded it.
+        seen = op.get(f"/v1/epochs/{epoch}").json()
+        assert seen["process_epoch"] == f"{epoch}.0" and seen["pod_uid"] == victim_uid
 
 
 @pytest.mark.parametrize(

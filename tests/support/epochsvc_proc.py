@@ -38,6 +38,7 @@ class EpochServiceProcess:
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
+            "EPOCHSVC_AUTH": "static",
             "EPOCHSVC_DATABASE_URL": self.database_url,
             "EPOCHSVC_OPERATOR_TOKEN": self.operator_token,
             "EPOCHSVC_REPLICA_TOKEN": self.replica_token,
@@ -142,15 +143,21 @@ class EpochServiceProcess:
         return epoch
 
     def replica_env(self, epoch: str, namespace: str, server: str) -> dict[str, str]:
-        """The environment the operator gives an MCP server container."""
-        return {
+        """The environment the operator gives an MCP server container: a bound epoch's pod
+        name and UID come from the ledger, as a real pod reads its own (Downward API)."""
+        with self.client() as c:
+            record = c.get(f"/v1/epochs/{epoch}").json()
+        env = {
             "MCP_EPOCH": epoch,
             "MCP_EPOCH_SERVICE_URL": self.url,
             "MCP_EPOCH_SERVICE_TOKEN": self.replica_token,
             "MCP_SERVER_NAMESPACE": namespace,
             "MCP_SERVER_NAME": server,
-            "MCP_POD_NAME": f"pod-{epoch}",
+            "MCP_POD_NAME": record.get("pod_name") or f"pod-{epoch}",
         }
+        if record.get("pod_uid"):
+            env["MCP_POD_UID"] = record["pod_uid"]
+        return env
 
     def client(self, token: str | None = None, timeout: float = 10.0) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token or self.operator_token}"}

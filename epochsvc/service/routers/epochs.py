@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response, status
+from fastapi import APIRouter, Depends, Request, Response, status
 
-from epochsvc.service.auth import AnyCaller, Operator
+from epochsvc.service.access import shown
+from epochsvc.service.auth import AnyCaller, KubernetesAuth, Operator
 from epochsvc.service.deps import (
     EpochPath,
     MetricsDep,
     Notifier,
+    Rules,
     Store,
     TargetPodEpoch,
     json_body,
@@ -96,10 +98,15 @@ async def drain_epoch(
 
 @router.post("/{epoch}/retire", response_model=Epoch)
 async def retire_epoch(
-    epoch: TargetPodEpoch, store: Store, notifier: Notifier, _: Operator
+    epoch: TargetPodEpoch, store: Store, notifier: Notifier, request: Request, _: Operator
 ) -> Epoch:
-    """The pod is gone (live or draining → retired)."""
-    return await _transition(store, notifier, epoch, Action.RETIRE)
+    """The pod is gone (live or draining → retired); its token is verified afresh from now on
+    (the API server refuses a deleted pod's token)."""
+    retired = await _transition(store, notifier, epoch, Action.RETIRE)
+    auth = request.app.state.auth
+    if isinstance(auth, KubernetesAuth) and retired.pod_uid:
+        auth.reviewer.forget_pod(retired.pod_uid)
+    return retired
 
 
 @router.post(
@@ -109,32 +116,39 @@ async def register_incarnation(
     epoch: TargetPodEpoch,
     store: Store,
     notifier: Notifier,
-    _: AnyCaller,
+    rules: Rules,
+    caller: AnyCaller,
     body: IncarnationRequest | None = None,
 ) -> Incarnation:
     """A process started in the pod: its process epoch is the next incarnation; older
-    incarnations of the pod epoch stop counting as live."""
+    incarnations of the pod epoch stop counting as live. A pod registers only for the epoch
+    bound to itself (``not-bound``, 409, until the operator has bound it)."""
+    uid = rules.incarnation_uid(caller, body.pod_uid if body else None)
     record = await store.register_incarnation(
-        epoch.generation, pod_uid=body.pod_uid if body else None
+        epoch.generation, pod_uid=uid, owner_only=not caller.is_operator
     )
     notifier.notify()
     assert record.incarnation is not None and record.process_epoch is not None
     return Incarnation(
-        process_epoch=record.process_epoch, incarnation=record.incarnation, epoch=Epoch.of(record)
+        process_epoch=record.process_epoch,
+        incarnation=record.incarnation,
+        epoch=Epoch.of(shown(record, caller)),
     )
 
 
 @router.get("/{epoch}", response_model=EpochLookup)
-async def get_epoch(epoch: EpochPath, store: Store, _: AnyCaller) -> EpochLookup:
+async def get_epoch(epoch: EpochPath, store: Store, rules: Rules, caller: AnyCaller) -> EpochLookup:
     """One pod or process epoch. A process epoch newer than the newest incarnation was never
-    issued (404); an older one belongs to a process that a restart replaced."""
+    issued (404); an older one belongs to a process that a restart replaced. A pod reads only
+    its own server's epochs."""
     parsed = parse_any_epoch(store, epoch)
+    pod = parsed.pod if isinstance(parsed, ProcessEpoch) else parsed
+    record = await store.get(pod.generation)
+    await rules.check_read(caller, record.namespace, record.server)
     if isinstance(parsed, ProcessEpoch):
-        record = await store.get(parsed.pod.generation)
         newest = record.incarnation
         if newest is None or parsed.incarnation > newest:
             raise UnknownEpoch(epoch)
         process_state = record.state if parsed.incarnation == newest else State.RETIRED
-        return EpochLookup.of(record, requested=epoch, process_state=process_state)
-    record = await store.get(parsed.generation)
-    return EpochLookup.of(record, requested=epoch)
+        return EpochLookup.of(shown(record, caller), requested=epoch, process_state=process_state)
+    return EpochLookup.of(shown(record, caller), requested=epoch)

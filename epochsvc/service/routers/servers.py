@@ -6,8 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
+from epochsvc.service.access import shown
 from epochsvc.service.auth import AnyCaller
-from epochsvc.service.deps import Config, Notifier, Store
+from epochsvc.service.deps import Config, Notifier, Rules, Store
 from epochsvc.service.lifecycle import State
 from epochsvc.service.models import Epoch, EpochList, ErrorBody
 from mcp_epoch.contract import DNS1123_LABEL_PATTERN
@@ -28,7 +29,8 @@ async def list_epochs(
     store: Store,
     notifier: Notifier,
     settings: Config,
-    _: AnyCaller,
+    rules: Rules,
+    caller: AnyCaller,
     state: Annotated[list[State] | None, Query(description="keep only these states")] = None,
     since: Annotated[
         int | None, Query(ge=0, description="a revision from an earlier answer")
@@ -39,7 +41,9 @@ async def list_epochs(
 ) -> EpochList:
     """All epochs of a server (tombstones too until compacted) and the ledger revision they are
     consistent with. With ``since`` and ``wait`` the answer is held until a change newer than
-    ``since`` exists for this server or the wait ends; it is the full list either way."""
+    ``since`` exists for this server or the wait ends; it is the full list either way. A pod
+    reads only its own server's epochs."""
+    await rules.check_read(caller, namespace, server)
     if since is not None and wait > 0:
         await notifier.wait_for_change(
             store,
@@ -53,5 +57,5 @@ async def list_epochs(
     return EpochList(
         ledger_id=store.ledger_id,
         revision=snapshot.revision,
-        epochs=[Epoch.of(r) for r in snapshot.epochs],
+        epochs=[Epoch.of(shown(r, caller)) for r in snapshot.epochs],
     )

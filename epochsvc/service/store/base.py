@@ -93,8 +93,15 @@ class EpochStore(abc.ABC):
 
     @abc.abstractmethod
     async def register_incarnation(
-        self, generation: int, *, pod_uid: str | None = None
-    ) -> EpochRecord: ...
+        self, generation: int, *, pod_uid: str | None = None, owner_only: bool = False
+    ) -> EpochRecord:
+        """The next incarnation. ``owner_only``: the epoch must already be bound to
+        ``pod_uid`` (a pod registering for itself); else a ``pod_uid`` given must not
+        contradict the binding."""
+
+    @abc.abstractmethod
+    async def bound_to(self, pod_uid: str) -> EpochRecord | None:
+        """The epoch bound to this pod UID, if any (one per pod: a pod's env never changes)."""
 
     @abc.abstractmethod
     async def get(self, generation: int) -> EpochRecord: ...

@@ -58,6 +58,9 @@ class LedgerMirror:
             key=lambda r: r.generation,
         )
 
+    def bound_to(self, pod_uid: str) -> EpochRecord | None:
+        return next((r for r in self.records.values() if r.pod_uid == pod_uid), None)
+
     def server_revision(self, namespace: str, server: str) -> int:
         return max(
             (

@@ -36,6 +36,7 @@ from epochsvc.service.lifecycle import (
     LifecycleError,
     State,
     check_incarnation,
+    check_owner,
     plan,
 )
 from epochsvc.service.store.base import (
@@ -465,13 +466,16 @@ class SqlEpochStore(EpochStore):
             )
 
     async def register_incarnation(
-        self, generation: int, *, pod_uid: str | None = None
+        self, generation: int, *, pod_uid: str | None = None, owner_only: bool = False
     ) -> EpochRecord:
         def op(conn: Connection) -> EpochRecord:
             revision, _ = self._bump(conn)
             current = self._fetch(conn, generation)
             check_incarnation(current.epoch, current.state)
-            if pod_uid is not None and current.pod_uid not in (None, pod_uid):
+            if owner_only:
+                assert pod_uid is not None
+                check_owner(current.epoch, current.pod_uid, pod_uid)
+            elif pod_uid is not None and current.pod_uid not in (None, pod_uid):
                 raise LifecycleError(
                     "pod-mismatch",
                     # Never the bound UID: a replica's caller must not learn another pod's.
@@ -533,6 +537,18 @@ class SqlEpochStore(EpochStore):
         def read() -> EpochRecord:
             with self._read() as conn:
                 return self._fetch(conn, generation)
+
+        return await self._call(read)
+
+    async def bound_to(self, pod_uid: str) -> EpochRecord | None:
+        if self._mirror.synced:
+            return self._mirror.bound_to(pod_uid)
+        query = sa.select(epochs_table).where(epochs_table.c.pod_uid == pod_uid).limit(1)
+
+        def read() -> EpochRecord | None:
+            with self._read() as conn:
+                row = conn.execute(query).first()
+            return None if row is None else self._record(row)
 
         return await self._call(read)
 

@@ -1,0 +1,80 @@
+"""What each caller may do (authorization), as plain functions the routers call.
+
+- The operator may do everything and is the only caller shown pod UIDs.
+- A pod (a pod-bound ServiceAccount token) may register incarnations only for the epoch bound
+  to itself, and read only the epochs of its own server, which it learns from that binding.
+- The static replica token cannot tell pods apart: it may read, never sees a pod UID, and
+  registers an incarnation only by naming the UID of the pod the epoch is bound to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from epochsvc.service.auth import Caller, Role
+from epochsvc.service.errors import ApiError
+from epochsvc.service.store.base import EpochRecord, EpochStore
+
+#: A pod's binding never changes (one epoch per pod, its UID bound once), so a found binding is
+#: kept; the bound on entries only caps memory.
+_BINDINGS_MAX = 65536
+
+
+class Access:
+    def __init__(self, store: EpochStore) -> None:
+        self.store = store
+        self._bindings: dict[str, tuple[str, str]] = {}
+
+    async def server_of(self, caller: Caller) -> tuple[str, str] | None:
+        """(namespace, server) of the epoch bound to the calling pod, if any."""
+        assert caller.pod is not None
+        uid = caller.pod.uid
+        found = self._bindings.get(uid)
+        if found is None:
+            record = await self.store.bound_to(uid)
+            if record is None:
+                return None
+            found = (record.namespace, record.server)
+            if len(self._bindings) >= _BINDINGS_MAX:
+                self._bindings.clear()
+            self._bindings[uid] = found
+        return found
+
+    async def check_read(self, caller: Caller, namespace: str, server: str) -> None:
+        if caller.role is not Role.POD:
+            return
+        own = await self.server_of(caller)
+        if own is None:
+            raise ApiError(
+                403,
+                "not-bound",
+                "no epoch is bound to the calling pod yet; retry once the operator has "
+                "seen the pod",
+                {"Retry-After": "1"},
+            )
+        if own != (namespace, server):
+            raise ApiError(403, "forbidden", "a pod may read only its own server's epochs")
+
+    def incarnation_uid(self, caller: Caller, named_uid: str | None) -> str | None:
+        """The pod UID a registration must match (None: the operator, which need not)."""
+        if caller.role is Role.OPERATOR:
+            return named_uid
+        if caller.role is Role.POD:
+            assert caller.pod is not None
+            if named_uid is not None and named_uid != caller.pod.uid:
+                raise ApiError(403, "not-your-epoch", "a pod may register only for itself")
+            return caller.pod.uid
+        if named_uid is None:
+            raise ApiError(
+                422,
+                "pod-uid-required",
+                "with the shared replica token, send the pod's own UID as pod_uid",
+            )
+        return named_uid
+
+
+def shown(record: EpochRecord, caller: Caller) -> EpochRecord:
+    """The record as this caller may see it: pod UIDs only for the operator."""
+    if caller.is_operator or record.pod_uid is None:
+        return record
+    return replace(record, pod_uid=None)

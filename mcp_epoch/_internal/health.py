@@ -1,0 +1,68 @@
+"""``/readyz`` and ``/metrics`` of an epoch-safe server: what a probe and Prometheus read.
+
+Readiness fails while the process cannot act safely on its own: before it has started, while
+the epoch service refuses its credentials (its copy of the ledger is then frozen: it would
+classify cursors from an old picture), and while it drains. The metrics are a few counters in
+the Prometheus text format, written by hand: the library depends on no metrics client.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from mcp_epoch._internal.liveview import LiveEpochView
+
+READY_PATH = "/readyz"
+METRICS_PATH = "/metrics"
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    started: bool
+    draining: bool
+    view: LiveEpochView | None
+    forwarded: int
+    registered: bool
+
+    @property
+    def problems(self) -> list[str]:
+        found = []
+        if not self.started:
+            found.append("not started: the process epoch is not known yet")
+        if self.view is not None and self.view.refused:
+            found.append(
+                "the epoch service refuses this pod's credentials: "
+                f"{self.view.last_error or 'no detail'}"
+            )
+        if self.draining:
+            found.append("draining: finishing the calls in flight before exit")
+        return found
+
+    def readiness(self) -> tuple[int, bytes]:
+        problems = self.problems
+        body = {"ready": not problems, "problems": problems}
+        return (503 if problems else 200), json.dumps(body).encode()
+
+    def metrics(self) -> bytes:
+        view = self.view
+        lines = [
+            "# HELP mcp_epoch_ready 1 while /readyz answers 200.",
+            "# TYPE mcp_epoch_ready gauge",
+            f"mcp_epoch_ready {0 if self.problems else 1}",
+            "# HELP mcp_epoch_registered 1 if this process's epoch was issued by the ledger, "
+            "0 for a fallback epoch.",
+            "# TYPE mcp_epoch_registered gauge",
+            f"mcp_epoch_registered {int(self.registered)}",
+            "# HELP mcp_epoch_credentials_refused 1 while the epoch service refuses this "
+            "pod's credentials.",
+            "# TYPE mcp_epoch_credentials_refused gauge",
+            f"mcp_epoch_credentials_refused {int(bool(view and view.refused))}",
+            "# HELP mcp_epoch_credentials_refused_total Ledger polls refused for credentials.",
+            "# TYPE mcp_epoch_credentials_refused_total counter",
+            f"mcp_epoch_credentials_refused_total {view.refusals if view else 0}",
+            "# HELP mcp_epoch_forwarded_total Requests handed to the process owning them.",
+            "# TYPE mcp_epoch_forwarded_total counter",
+            f"mcp_epoch_forwarded_total {self.forwarded}",
+        ]
+        return ("\n".join(lines) + "\n").encode()
