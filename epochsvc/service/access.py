@@ -13,37 +13,41 @@ from dataclasses import replace
 
 from epochsvc.service.auth import Caller, Role
 from epochsvc.service.errors import ApiError
-from epochsvc.service.store.base import EpochRecord, EpochStore
+from epochsvc.service.lifecycle import TOMBSTONES
+from epochsvc.service.store.base import EpochRecord, EpochStore, UnknownEpoch
 
-#: A pod's binding never changes (one epoch per pod, its UID bound once), so a found binding is
-#: kept; the bound on entries only caps memory.
+#: A pod's binding never changes (one epoch per pod, its UID bound once), so which epoch is a
+#: pod's is kept; its state is read afresh each time. The bound on entries only caps memory.
 _BINDINGS_MAX = 65536
 
 
 class Access:
     def __init__(self, store: EpochStore) -> None:
         self.store = store
-        self._bindings: dict[str, tuple[str, str]] = {}
+        self._bindings: dict[str, int] = {}  # pod UID -> generation of its epoch
 
-    async def server_of(self, caller: Caller) -> tuple[str, str] | None:
-        """(namespace, server) of the epoch bound to the calling pod, if any."""
+    async def own_epoch(self, caller: Caller) -> EpochRecord | None:
+        """The epoch bound to the calling pod, as the ledger holds it now."""
         assert caller.pod is not None
         uid = caller.pod.uid
-        found = self._bindings.get(uid)
-        if found is None:
+        generation = self._bindings.get(uid)
+        if generation is None:
             record = await self.store.bound_to(uid)
             if record is None:
                 return None
-            found = (record.namespace, record.server)
             if len(self._bindings) >= _BINDINGS_MAX:
                 self._bindings.clear()
-            self._bindings[uid] = found
-        return found
+            self._bindings[uid] = record.generation
+            return record
+        try:
+            return await self.store.get(generation)
+        except UnknownEpoch:  # compacted long after the pod retired
+            return None
 
     async def check_read(self, caller: Caller, namespace: str, server: str) -> None:
         if caller.role is not Role.POD:
             return
-        own = await self.server_of(caller)
+        own = await self.own_epoch(caller)
         if own is None:
             raise ApiError(
                 403,
@@ -52,10 +56,14 @@ class Access:
                 "seen the pod",
                 {"Retry-After": "1"},
             )
-        if own != (namespace, server):
+        if own.state in TOMBSTONES:
+            # The pod is gone: refused at once, although the API server may accept its token
+            # for a few seconds more (it caches token reviews too).
+            raise ApiError(403, "forbidden", "the calling pod's epoch has retired")
+        if (own.namespace, own.server) != (namespace, server):
             raise ApiError(403, "forbidden", "a pod may read only its own server's epochs")
 
-    def incarnation_uid(self, caller: Caller, named_uid: str | None) -> str | None:
+    async def incarnation_uid(self, caller: Caller, named_uid: str | None) -> str | None:
         """The pod UID a registration must match (None: the operator, which need not)."""
         if caller.role is Role.OPERATOR:
             return named_uid
@@ -63,6 +71,9 @@ class Access:
             assert caller.pod is not None
             if named_uid is not None and named_uid != caller.pod.uid:
                 raise ApiError(403, "not-your-epoch", "a pod may register only for itself")
+            own = await self.own_epoch(caller)
+            if own is not None and own.state in TOMBSTONES:
+                raise ApiError(403, "forbidden", "the calling pod's epoch has retired")
             return caller.pod.uid
         if named_uid is None:
             raise ApiError(

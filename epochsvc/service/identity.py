@@ -5,7 +5,8 @@ the expiry, the audience *and* that the pod the token is bound to still exists w
 UID. So a deleted pod's token fails here although its signature is fine, which a local check
 against the issuer's keys could not see. Answers are cached briefly (keyed by a hash of the
 token, never the token) so that a long-polling fleet costs the API server one review per pod
-per cache period; the cache entry of a pod is dropped as soon as its epoch retires.
+per cache period. The API server caches its own answers too (10 s), so a deleted pod's token
+is refused here within the two periods, or at once once its epoch retires (see ``access``).
 
 Only ``httpx`` (already a dependency) is used: one POST does not justify the synchronous
 ``kubernetes`` client and its thread per call on this async service.
@@ -211,13 +212,6 @@ class TokenReviewer:
         except ValueError as exc:
             raise ReviewUnavailable("TokenReview answered with no JSON") from exc
         return parse_review(status, self.audience)
-
-    def forget_pod(self, uid: str) -> None:
-        """Drop every cached answer for this pod: its epoch retired, so its token must be
-        asked about afresh (the API server refuses a deleted pod's token)."""
-        for key, (_, who) in list(self._cache.items()):
-            if who is not None and who.pod is not None and who.pod.uid == uid:
-                del self._cache[key]
 
     async def close(self) -> None:
         await self._client.aclose()

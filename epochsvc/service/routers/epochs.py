@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response, status
+from fastapi import APIRouter, Depends, Response, status
 
 from epochsvc.service.access import shown
-from epochsvc.service.auth import AnyCaller, KubernetesAuth, Operator
+from epochsvc.service.auth import AnyCaller, Operator
 from epochsvc.service.deps import (
     EpochPath,
     MetricsDep,
@@ -98,15 +98,10 @@ async def drain_epoch(
 
 @router.post("/{epoch}/retire", response_model=Epoch)
 async def retire_epoch(
-    epoch: TargetPodEpoch, store: Store, notifier: Notifier, request: Request, _: Operator
+    epoch: TargetPodEpoch, store: Store, notifier: Notifier, _: Operator
 ) -> Epoch:
-    """The pod is gone (live or draining → retired); its token is verified afresh from now on
-    (the API server refuses a deleted pod's token)."""
-    retired = await _transition(store, notifier, epoch, Action.RETIRE)
-    auth = request.app.state.auth
-    if isinstance(auth, KubernetesAuth) and retired.pod_uid:
-        auth.reviewer.forget_pod(retired.pod_uid)
-    return retired
+    """The pod is gone (live or draining → retired); from now on its token is refused."""
+    return await _transition(store, notifier, epoch, Action.RETIRE)
 
 
 @router.post(
@@ -123,7 +118,7 @@ async def register_incarnation(
     """A process started in the pod: its process epoch is the next incarnation; older
     incarnations of the pod epoch stop counting as live. A pod registers only for the epoch
     bound to itself (``not-bound``, 409, until the operator has bound it)."""
-    uid = rules.incarnation_uid(caller, body.pod_uid if body else None)
+    uid = await rules.incarnation_uid(caller, body.pod_uid if body else None)
     record = await store.register_incarnation(
         epoch.generation, pod_uid=uid, owner_only=not caller.is_operator
     )

@@ -1,0 +1,316 @@
+"""Per-pod identity against the real control plane: ServiceAccount tokens minted by its API
+server (TokenRequest, bound to real Pod objects), verified by the epoch service with
+TokenReview under nothing but a ClusterRole for ``tokenreviews`` create."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from mcp_epoch.contract import TOKEN_AUDIENCE
+from tests.cluster.harness import Cluster
+from tests.support.epochsvc_proc import EpochServiceProcess
+
+pytestmark = pytest.mark.cluster
+
+
+@dataclass
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    token: str
+
+
+class Api:
+    """The admin's view of the control plane, for setting the scene."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.http: httpx.Client = cluster.httpx_client(timeout=30)
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = self.http.post(path, json=body)
+        assert r.status_code in (200, 201), (path, r.status_code, r.text)
+        return dict(r.json())
+
+    def account(self, namespace: str, name: str) -> None:
+        self.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts",
+            {"metadata": {"name": name}},
+        )
+
+    def token(
+        self,
+        namespace: str,
+        account: str,
+        *,
+        audiences: list[str] | None = None,
+        pod: dict[str, Any] | None = None,
+    ) -> str:
+        spec: dict[str, Any] = {"expirationSeconds": 600}
+        if audiences is not None:
+            spec["audiences"] = audiences
+        if pod is not None:
+            meta = pod["metadata"]
+            spec["boundObjectRef"] = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "uid": meta["uid"],
+            }
+        answer = self.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", {"spec": spec}
+        )
+        return str(answer["status"]["token"])
+
+    def pod(self, namespace: str, name: str, account: str = "server") -> Pod:
+        body = {
+            "metadata": {"name": name},
+            "spec": {
+                "serviceAccountName": account,
+                "containers": [{"name": "mcp", "image": "mcp-server:test"}],
+            },
+        }
+        created = self.create(f"/api/v1/namespaces/{namespace}/pods", body)
+        token = self.token(namespace, account, audiences=[TOKEN_AUDIENCE], pod=created)
+        return Pod(namespace, name, created["metadata"]["uid"], token)
+
+    def delete_pod(self, pod: Pod) -> None:
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+        self.http.delete(path, params={"gracePeriodSeconds": 0}).raise_for_status()
+        deadline = time.monotonic() + 30
+        while self.http.get(path).status_code != 404:
+            assert time.monotonic() < deadline, f"pod {pod.name} was never removed"
+            time.sleep(0.1)
+
+
+@dataclass
+class Scene:
+    svc: EpochServiceProcess
+    operator: str
+    pods: dict[str, Pod]
+    epochs: dict[str, str]  # pod key -> its bound epoch
+    api: Api
+    others: dict[str, str]  # tokens that stand for nobody here
+
+
+@pytest.fixture(scope="module")
+def scene(k8s_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
+    api = Api(k8s_cluster)
+    run = secrets.token_hex(3)
+    system, ns_a, ns_b = f"pid-sys-{run}", f"pid-a-{run}", f"pid-b-{run}"
+    for ns in (system, ns_a, ns_b):
+        api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+    for ns in (ns_a, ns_b):
+        api.account(ns, "server")
+    api.account(system, "epoch-service")
+    api.account(system, "operator")
+    # The epoch service gets exactly one right: to ask the API server about tokens.
+    role = f"pid-tokenreview-{run}"
+    api.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {
+            "metadata": {"name": role},
+            "rules": [
+                {
+                    "apiGroups": ["authentication.k8s.io"],
+                    "resources": ["tokenreviews"],
+                    "verbs": ["create"],
+                }
+            ],
+        },
+    )
+    api.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "metadata": {"name": role},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "epoch-service", "namespace": system}],
+        },
+    )
+    work = tmp_path_factory.mktemp("pod-identity")
+    own = work / "epoch-service.token"
+    own.write_text(api.token(system, "epoch-service"))
+    svc = EpochServiceProcess(
+        f"sqlite:///{work / 'ledger.db'}",
+        work / "epochsvc.log",
+        EPOCHSVC_AUTH="kubernetes",
+        EPOCHSVC_KUBE_API_URL=k8s_cluster.server,
+        EPOCHSVC_KUBE_CA_FILE=str(k8s_cluster.ca_cert),
+        EPOCHSVC_KUBE_TOKEN_FILE=str(own),
+        EPOCHSVC_OPERATOR_SERVICE_ACCOUNT=f"{system}/operator",
+        EPOCHSVC_TOKEN_CACHE_SECONDS="1",
+    ).start()
+    operator = api.token(system, "operator", audiences=[TOKEN_AUDIENCE])
+    pods = {
+        "a1": api.pod(ns_a, "a1"),  # server s1 in namespace A
+        "a2": api.pod(ns_a, "a2"),  # server s2 in namespace A
+        "b1": api.pod(ns_b, "b1"),  # server s1 in namespace B
+        "stray": api.pod(ns_a, "stray"),  # a pod of no MCP server
+    }
+    servers = {"a1": "s1", "a2": "s2", "b1": "s1"}
+    epochs = {}
+    with svc.client(operator) as op:
+        for key, server in servers.items():
+            pod = pods[key]
+            body = {"namespace": pod.namespace, "server": server, "request_uid": f"r-{key}"}
+            epoch = op.post("/v1/epochs", json=body).json()["epoch"]
+            op.post(
+                f"/v1/epochs/{epoch}/bind", json={"pod_name": pod.name, "pod_uid": pod.uid}
+            ).raise_for_status()
+            epochs[key] = epoch
+    others = {
+        # The API server's own audience: a token for the cluster, not for this service.
+        "wrong-audience": api.token(ns_a, "server", pod=k8s_cluster_pod(api, ns_a)),
+        # The right audience, but bound to no pod and not the operator.
+        "unbound": api.token(ns_a, "server", audiences=[TOKEN_AUDIENCE]),
+        "garbage": "not.a.token",
+    }
+    try:
+        yield Scene(svc, operator, pods, epochs, api, others)
+    finally:
+        svc.stop()
+
+
+def k8s_cluster_pod(api: Api, namespace: str) -> dict[str, Any]:
+    name = f"aud-{secrets.token_hex(3)}"
+    body = {
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": "server",
+            "containers": [{"name": "mcp", "image": "mcp-server:test"}],
+        },
+    }
+    return api.create(f"/api/v1/namespaces/{namespace}/pods", body)
+
+
+def register(scene: Scene, pod: str, epoch_of: str, body: Any = None) -> httpx.Response:
+    with scene.svc.client(scene.pods[pod].token) as c:
+        return c.post(f"/v1/epochs/{scene.epochs[epoch_of]}/incarnations", json=body)
+
+
+def incarnation(scene: Scene, key: str) -> int | None:
+    with scene.svc.client(scene.operator) as op:
+        value = op.get(f"/v1/epochs/{scene.epochs[key]}").json()["incarnation"]
+    return None if value is None else int(value)
+
+
+def test_a_pod_registers_only_for_its_own_epoch(scene: Scene) -> None:
+    own = register(scene, "a1", "a1")
+    assert own.status_code == 201, own.text
+    assert own.json()["process_epoch"] == f"{scene.epochs['a1']}.0"
+    assert own.json()["epoch"]["pod_uid"] is None  # not even its own UID is echoed
+    assert register(scene, "a2", "a2").status_code == 201
+    before = {key: incarnation(scene, key) for key in ("a2", "b1")}
+    # The attack of the first release: one POST, no body, at someone else's epoch.
+    attacks = [
+        register(scene, "a1", "a2"),  # same namespace, other server
+        register(scene, "a1", "b1"),  # across namespaces
+        register(scene, "a1", "a2", {"pod_uid": scene.pods["a2"].uid}),  # naming the victim
+        register(scene, "stray", "b1"),
+    ]
+    for answer in attacks:
+        assert answer.status_code == 403, answer.text
+        assert answer.json()["code"] in ("not-your-epoch", "forbidden")
+        assert all(p.uid not in answer.text for p in scene.pods.values())
+    # The victims' processes are still the newest incarnations: nobody superseded them.
+    assert {key: incarnation(scene, key) for key in ("a2", "b1")} == before
+
+
+def test_a_pod_reads_only_its_own_servers_epochs(scene: Scene) -> None:
+    a1, b1 = scene.pods["a1"], scene.pods["b1"]
+    with scene.svc.client(a1.token) as c:
+        mine = c.get(f"/v1/servers/{a1.namespace}/s1/epochs")
+        assert mine.status_code == 200
+        assert [e["epoch"] for e in mine.json()["epochs"]] == [scene.epochs["a1"]]
+        assert all(e["pod_uid"] is None for e in mine.json()["epochs"])
+        assert c.get(f"/v1/epochs/{scene.epochs['a1']}").status_code == 200
+        for path in (
+            f"/v1/servers/{a1.namespace}/s2/epochs",
+            f"/v1/servers/{b1.namespace}/s1/epochs",  # the same server name elsewhere
+            f"/v1/epochs/{scene.epochs['a2']}",
+            f"/v1/epochs/{scene.epochs['b1']}.0",
+        ):
+            denied = c.get(path)
+            assert denied.status_code == 403, (path, denied.text)
+            assert all(p.uid not in denied.text for p in scene.pods.values())
+    with scene.svc.client(b1.token) as c:
+        assert c.get(f"/v1/servers/{b1.namespace}/s1/epochs").status_code == 200
+    with scene.svc.client(scene.pods["stray"].token) as c:
+        stray = c.get(f"/v1/servers/{a1.namespace}/s1/epochs")
+        assert stray.status_code == 403 and stray.json()["code"] == "not-bound"
+
+
+def test_the_operators_account_works_and_nothing_else_does(scene: Scene) -> None:
+    body = {"namespace": scene.pods["a1"].namespace, "server": "s1", "request_uid": "r-new"}
+    with scene.svc.client(scene.operator) as op:
+        issued = op.post("/v1/epochs", json=body)
+        assert issued.status_code == 201, issued.text
+        seen = op.get(f"/v1/epochs/{scene.epochs['a1']}").json()
+        assert seen["pod_uid"] == scene.pods["a1"].uid  # the operator alone sees UIDs
+    others = [p.token for p in scene.pods.values()] + list(scene.others.values())
+    for token in others:
+        with scene.svc.client(token) as c:
+            assert c.post("/v1/epochs", json=body).status_code == 403
+            assert c.post(f"/v1/epochs/{scene.epochs['a1']}/drain").status_code == 403
+    for name, token in scene.others.items():
+        with scene.svc.client(token) as c:
+            answer = c.get(f"/v1/servers/{body['namespace']}/s1/epochs")
+            assert answer.status_code == 403, name
+            assert answer.json()["code"] == "forbidden"
+
+
+def _refused_within(scene: Scene, pod: Pod, path: str, seconds: float) -> bool:
+    """Wait until the service refuses the token itself (``forbidden``, not a read it may
+    not make): its cache may keep an earlier answer for the cache period."""
+    deadline = time.monotonic() + seconds
+    with scene.svc.client(pod.token) as c:
+        while time.monotonic() < deadline:
+            answer = c.get(path)
+            if answer.status_code == 403 and answer.json()["code"] == "forbidden":
+                return True
+            assert answer.status_code == 200, answer.text
+            time.sleep(0.1)
+    return False
+
+
+def test_a_deleted_pods_token_is_refused(scene: Scene) -> None:
+    b1 = scene.pods["b1"]
+    with scene.svc.client(b1.token) as c:
+        assert c.get(f"/v1/servers/{b1.namespace}/s1/epochs").status_code == 200
+    scene.api.delete_pod(b1)
+    # Once its epoch retires the pod's token is refused at once, although the API server may
+    # still accept it for a while (it caches token reviews for 10 s).
+    with scene.svc.client(scene.operator) as op:
+        op.post(f"/v1/epochs/{scene.epochs['b1']}/retire").raise_for_status()
+    with scene.svc.client(b1.token) as c:
+        gone = c.get(f"/v1/servers/{b1.namespace}/s1/epochs")
+        assert gone.status_code == 403, gone.text
+        assert register(scene, "b1", "b1").status_code == 403
+
+
+def test_a_deleted_pods_token_is_refused_even_before_its_epoch_retires(scene: Scene) -> None:
+    a2 = scene.pods["a2"]
+    path = f"/v1/servers/{a2.namespace}/s2/epochs"
+    with scene.svc.client(a2.token) as c:
+        assert c.get(path).status_code == 200
+    scene.api.delete_pod(a2)
+    # No retire: the API server's cache (10 s) and ours (1 s here) stand between deletion
+    # and refusal.
+    assert _refused_within(scene, a2, path, 30.0)
+
+
+def test_refusals_are_counted(scene: Scene) -> None:
+    with httpx.Client(base_url=scene.svc.url) as c:
+        text = c.get("/metrics").text
+    assert 'epochsvc_auth_refused_total{code="forbidden"}' in text
