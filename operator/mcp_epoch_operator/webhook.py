@@ -174,9 +174,13 @@ def inject(pod: dict[str, Any], epoch: str, server: str, defaults: ReplicaDefaul
             else:
                 env.append(mine)
             present = {e.get("name") for e in env}
+            # A container given a static token (an McpServer's tokenSecretRef) keeps it.
+            own_token = projected and ENV_SERVICE_TOKEN not in present
+            if not own_token:
+                present.add(ENV_SERVICE_TOKEN_FILE)
             env.extend(e for e in extra if e["name"] not in present)
             container["env"] = env
-            if projected:
+            if own_token:
                 mounts = [
                     m
                     for m in container.get("volumeMounts") or []

@@ -227,6 +227,42 @@ def test_inject_is_idempotent_and_overwrites_an_old_annotation() -> None:
     assert once["metadata"]["annotations"] == {ANN: "0123abcd-9", "keep": "me"}
 
 
+PROJECTED = ReplicaDefaults("http://epochs:8080")  # the default: a projected token per pod
+
+
+def test_inject_mounts_the_pods_own_token_for_the_epoch_service() -> None:
+    pod = admission({LABEL: "echo"})["object"]
+    pod["spec"]["containers"][1]["env"] = [
+        {"name": "MCP_EPOCH_SERVICE_TOKEN", "value": "static"}  # an explicit static token
+    ]
+    pod["spec"]["volumes"] = [{"name": "mcp-epoch-token", "emptyDir": {}}]  # a copied pod's
+    once = injected(pod, "0123abcd-3", "echo", PROJECTED)
+    assert injected(once, "0123abcd-3", "echo", PROJECTED) == once
+    (volume,) = [v for v in once["spec"]["volumes"] if v["name"] == "mcp-epoch-token"]
+    (source,) = volume["projected"]["sources"]
+    assert source["serviceAccountToken"] == {
+        "audience": "mcp-epoch",
+        "expirationSeconds": 3600,
+        "path": "token",
+    }
+    main = once["spec"]["containers"][0]
+    assert env_map(main)["MCP_EPOCH_SERVICE_TOKEN_FILE"] == "/var/run/secrets/mcp.epochs.dev/token"
+    assert "MCP_EPOCH_SERVICE_TOKEN" not in env_map(main)
+    assert main["volumeMounts"] == [
+        {
+            "name": "mcp-epoch-token",
+            "mountPath": "/var/run/secrets/mcp.epochs.dev",
+            "readOnly": True,
+        }
+    ]
+    static = once["spec"]["containers"][1]
+    assert "MCP_EPOCH_SERVICE_TOKEN_FILE" not in env_map(static)
+    assert "volumeMounts" not in static
+    # Static tokens by Secret: no projected token at all.
+    plain = injected(pod, "0123abcd-3", "echo", DEFAULTS)
+    assert all(v.get("projected") is None for v in plain["spec"].get("volumes", []))
+
+
 def test_plain_pods_size_the_buffer_from_annotations() -> None:
     pod = admission({LABEL: "echo"})["object"]
     pod["metadata"]["annotations"] = {
