@@ -37,7 +37,6 @@ from tests.charts.support import (
     ServiceAccountView,
     localize_operator_args,
     parse_manifests,
-    secret_value,
     serviceaccount_kubeconfig,
 )
 from tests.cluster.harness import Cluster
@@ -245,8 +244,6 @@ def installed(k8s_cluster: Cluster, cluster_helm: Helm) -> Iterator[Release]:
         str(CHART),
         "--namespace",
         NS,
-        "--set",
-        f"replicaTokenSecret.namespaces={{{SERVERS_NS}}}",
         "--wait",
         "--timeout=120s",
     )
@@ -269,6 +266,8 @@ def test_install_creates_every_object(k8s_cluster: Cluster, installed: Release) 
     assert kinds == sorted(
         [
             "ClusterRole",
+            "ClusterRole",  # the epoch service's: tokenreviews create
+            "ClusterRoleBinding",
             "ClusterRoleBinding",
             "ConfigMap",  # the operator's servers record
             "Deployment",
@@ -277,10 +276,7 @@ def test_install_creates_every_object(k8s_cluster: Cluster, installed: Release) 
             "PersistentVolumeClaim",
             "Role",
             "RoleBinding",
-            "Secret",  # operator token
-            "Secret",  # replica token, release namespace
-            "Secret",  # replica token, chart-servers
-            "Secret",  # webhook TLS
+            "Secret",  # webhook TLS: no token Secret anywhere
             "Service",
             "Service",
             "ServiceAccount",
@@ -300,11 +296,10 @@ def test_install_creates_every_object(k8s_cluster: Cluster, installed: Release) 
     crd = k8s_cluster.kubectl_json("get", "crd", "mcpservers.mcp.epochs.dev")
     assert crd["spec"]["group"] == "mcp.epochs.dev"
 
-    # NOTES.txt: where things are and what the user must do about the replica token.
+    # NOTES.txt: where things are, and that there are no credentials to copy.
     notes = installed.output
     assert f"http://mcp-epoch-epoch-service.{NS}.svc:8080" in notes
-    assert f"The chart created it in: {NS}, {SERVERS_NS}." in notes
-    assert "create secret generic mcp-epoch-replica-token --from-file=token=/dev/stdin" in notes
+    assert "Credentials: nothing to copy" in notes and "create secret" not in notes
     assert "PersistentVolumeClaim mcp-epoch-ledger is kept on `helm uninstall`" in notes
 
 
@@ -320,9 +315,9 @@ def test_service_accounts_have_exactly_the_documented_permissions(
     assert not wrong, f"operator permissions differ (verb, resource, sub, ns, expected): {wrong}"
     for verb, resource in (("list", "pods"), ("get", "secrets"), ("create", "events")):
         assert not can_i(k8s_cluster, EPOCHSVC_SA, verb, resource, "", NS), (verb, resource)
+    assert can_i(k8s_cluster, EPOCHSVC_SA, "create", "tokenreviews.authentication.k8s.io", "", "")
 
-    # The same, as real requests with the operator's token: Secrets are refused everywhere,
-    # including the chart's own token Secrets next to the operator.
+    # The same, as real requests with the operator's token: Secrets are refused everywhere.
     config = json.loads(
         serviceaccount_kubeconfig(k8s_cluster, NS, OPERATOR_SA, tmp_path / "kc").read_text()
     )
@@ -333,13 +328,25 @@ def test_service_accounts_have_exactly_the_documented_permissions(
         headers={"Authorization": f"Bearer {token}"},
     ) as api:
         for path in (
-            f"/api/v1/namespaces/{NS}/secrets/mcp-epoch-operator-token",
-            f"/api/v1/namespaces/{SERVERS_NS}/secrets/mcp-epoch-replica-token",
+            f"/api/v1/namespaces/{NS}/secrets/mcp-epoch-webhook-tls",
             f"/api/v1/namespaces/{NS}/secrets",
             "/api/v1/secrets",
         ):
             assert api.get(path).status_code == 403, path
         assert api.get("/api/v1/pods", params={"labelSelector": SERVER_LABEL}).status_code == 200
+
+
+def mint_token(cluster: Cluster, namespace: str, account: str, audience: str | None = None) -> str:
+    """A ServiceAccount token from the API server (TokenRequest), as the kubelet gets one."""
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if audience:
+        spec["audiences"] = [audience]
+    with cluster.httpx_client(timeout=30) as api:
+        r = api.post(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", json={"spec": spec}
+        )
+    assert r.status_code == 201, r.text
+    return str(r.json()["status"]["token"])
 
 
 def _foreign_webhooks(cluster: Cluster) -> list[str]:
@@ -362,16 +369,30 @@ def test_operator_with_the_chart_credentials_gives_mcpserver_pods_epochs(
         f"another operator's webhook is registered ({foreign}): it would issue epochs too; run "
         "tests/charts before tests/operator (the default order) or in a session of its own"
     )
-    operator_token = secret_value(k8s_cluster, NS, "mcp-epoch-operator-token", "token")
-    replica_token = secret_value(k8s_cluster, NS, "mcp-epoch-replica-token", "token")
-    assert replica_token == secret_value(
-        k8s_cluster, SERVERS_NS, "mcp-epoch-replica-token", "token"
+    # Both run under the chart's accounts with tokens their API server mints, as the kubelet
+    # would mount them: the service reviews tokens with the chart's RBAC and nothing more.
+    epochsvc = k8s_cluster.kubectl_json("get", "deployment", "mcp-epoch-epoch-service", "-n", NS)
+    svc_env = {
+        e["name"]: e["value"]
+        for e in epochsvc["spec"]["template"]["spec"]["containers"][0]["env"]
+        if "value" in e and e["name"].startswith("EPOCHSVC_") and "URL" not in e["name"]
+    }
+    assert svc_env["EPOCHSVC_AUTH"] == "kubernetes"
+    own_token = tmp_path / "epoch-service-token"
+    own_token.write_text(mint_token(k8s_cluster, NS, EPOCHSVC_SA))
+    service = EpochServiceProcess(
+        f"sqlite:///{tmp_path}/ledger.db",
+        tmp_path / "epochsvc.log",
+        **svc_env,
+        EPOCHSVC_KUBE_API_URL=k8s_cluster.server,
+        EPOCHSVC_KUBE_CA_FILE=str(k8s_cluster.ca_cert),
+        EPOCHSVC_KUBE_TOKEN_FILE=str(own_token),
     )
-
-    service = EpochServiceProcess(f"sqlite:///{tmp_path}/ledger.db", tmp_path / "epochsvc.log")
-    service.operator_token, service.replica_token = operator_token, replica_token
     token_file = tmp_path / "operator-token"
-    token_file.write_text(operator_token)
+    token_file.write_text(
+        mint_token(k8s_cluster, NS, OPERATOR_SA, svc_env["EPOCHSVC_TOKEN_AUDIENCE"])
+    )
+    service.operator_token = token_file.read_text()
     deployment = k8s_cluster.kubectl_json("get", "deployment", "mcp-epoch-operator", "-n", NS)
     chart_args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     in_cluster_url = f"http://mcp-epoch-epoch-service.{NS}.svc:8080"
@@ -426,9 +447,12 @@ def test_operator_with_the_chart_credentials_gives_mcpserver_pods_epochs(
             env = env_of(pod["spec"]["containers"][0])
             assert env["MCP_EPOCH"] == epoch
             assert env["MCP_EPOCH_SERVICE_URL"] == in_cluster_url
-            assert env["MCP_EPOCH_SERVICE_TOKEN"] == {
-                "secretKeyRef": {"name": "mcp-epoch-replica-token", "key": "token"}
-            }
+            # Its own projected token for the epoch service, nothing copied from a Secret.
+            assert env["MCP_EPOCH_SERVICE_TOKEN_FILE"] == "/var/run/secrets/mcp.epochs.dev/token"
+            assert "MCP_EPOCH_SERVICE_TOKEN" not in env
+            volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+            (source,) = volumes["mcp-epoch-token"]["projected"]["sources"]
+            assert source["serviceAccountToken"]["audience"] == "mcp-epoch"
 
         # A pod goes away: its epoch is retired, the replacement gets a new live one.
         gone = next(iter(state["pods"]))
@@ -507,7 +531,7 @@ def test_upgrade_keeps_secrets_and_uninstall_leaves_only_the_documented(
         json.dumps({"data": {"team.server": ""}}),
     )
     before = _release_state(k8s_cluster)
-    assert len(before["secrets"]) == 4
+    assert list(before["secrets"]) == [f"{NS}/mcp-epoch-webhook-tls"]  # no token Secrets
     tls = before["secrets"][f"{NS}/mcp-epoch-webhook-tls"]
     assert before["caBundle"] == tls["ca.crt"]
 
@@ -524,11 +548,11 @@ def test_upgrade_keeps_secrets_and_uninstall_leaves_only_the_documented(
         "--timeout=120s",
     )
     after = _release_state(k8s_cluster)
-    assert after["secrets"] == before["secrets"], "generated tokens or certificate changed"
+    assert after["secrets"] == before["secrets"], "the generated certificate changed"
     assert after["caBundle"] == before["caBundle"]
     record = k8s_cluster.kubectl_json("get", "configmap", "mcp-epoch-operator-servers", "-n", NS)
     assert "team.server" in record["data"]
-    # Same tokens, same checksum: the epoch service (and its SQLite lock) is not restarted.
+    # An unrelated change: the epoch service (and its SQLite lock) is not restarted.
     assert after["epochsvc_template"] == before["epochsvc_template"]
     operator = k8s_cluster.kubectl_json("get", "deployment", "mcp-epoch-operator", "-n", NS)
     assert "--resync-interval=15" in operator["spec"]["template"]["spec"]["containers"][0]["args"]

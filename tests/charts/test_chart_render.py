@@ -173,17 +173,20 @@ def test_operator_flags_parse_with_the_real_cli_and_point_at_the_chart_objects(
     svc = one(manifests, "Service", "-epoch-service")
     url = f"http://{svc['metadata']['name']}.{NS}.svc:{svc['spec']['ports'][0]['port']}"
     assert args.epoch_service_url == url and args.replica_epoch_service_url == url
-    replica_secret = one(manifests, "Secret", "-replica-token")
-    assert args.replica_token_secret == replica_secret["metadata"]["name"]
-    assert args.replica_token_secret_key in replica_secret["data"]
+    # Pods get their own projected tokens for the audience the service checks; no Secret.
+    assert args.replica_token_secret is None and args.token_audience == "mcp-epoch"
+    epochsvc_env = env_of(container(one(manifests, "Deployment", "-epoch-service")))
+    assert epochsvc_env["EPOCHSVC_TOKEN_AUDIENCE"] == args.token_audience
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert args.webhook_port == ports["webhook"] and args.webhook_host == "0.0.0.0"
     assert args.health_endpoint == f"http://0.0.0.0:{ports['health']}/healthz"
-    # Token and certificate come from mounted Secrets, at the paths the flags name.
+    # Its own projected token and the certificate are mounted at the paths the flags name.
     volumes = {v["name"]: v for v in operator["spec"]["template"]["spec"]["volumes"]}
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert str(args.operator_token_file) == f"{mounts['operator-token']}/token"
-    assert volumes["operator-token"]["secret"]["secretName"].endswith("-operator-token")
+    (source,) = volumes["operator-token"]["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == args.token_audience
+    assert source["serviceAccountToken"]["path"] == "token"
     assert str(args.webhook_cert) == f"{mounts['webhook-tls']}/tls.crt"
     assert volumes["webhook-tls"]["secret"]["secretName"] == "r-mcp-epoch-webhook-tls"
     webhook_svc = one(manifests, "Service", "-webhook")
@@ -193,9 +196,9 @@ def test_operator_flags_parse_with_the_real_cli_and_point_at_the_chart_objects(
 
 def test_operator_cluster_role_grants_exactly_the_operators_calls(helm: Helm) -> None:
     manifests = render(helm)
-    role = one(manifests, "ClusterRole")
+    role = one(manifests, "ClusterRole", "-operator")
     assert rules_of(role) == OPERATOR_PERMISSIONS
-    binding = one(manifests, "ClusterRoleBinding")
+    binding = one(manifests, "ClusterRoleBinding", "-operator")
     account = one(manifests, "ServiceAccount", "-operator")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
@@ -218,12 +221,38 @@ def test_operator_cluster_role_grants_exactly_the_operators_calls(helm: Helm) ->
     args = build_parser().parse_args(container(one(manifests, "Deployment", "-operator"))["args"])
     assert args.servers_configmap == configmap["metadata"]["name"]
     assert args.operator_namespace == role["metadata"]["namespace"] == NS
-    # The epoch service's account holds no token.
-    assert (
-        one(manifests, "ServiceAccount", "-epoch-service")["automountServiceAccountToken"] is False
-    )
+    # The epoch service may create TokenReviews, nothing else; the operator is the account
+    # it names as such.
+    epochsvc = one(manifests, "ServiceAccount", "-epoch-service")
+    assert epochsvc["automountServiceAccountToken"] is True
+    review = one(manifests, "ClusterRole", "-epoch-service")
+    assert review["rules"] == [
+        {
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["tokenreviews"],
+            "verbs": ["create"],
+        }
+    ]
+    review_binding = one(manifests, "ClusterRoleBinding", "-epoch-service")
+    assert review_binding["roleRef"]["name"] == review["metadata"]["name"]
+    assert review_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": epochsvc["metadata"]["name"], "namespace": NS}
+    ]
+    env = env_of(container(one(manifests, "Deployment", "-epoch-service")))
+    assert env["EPOCHSVC_AUTH"] == "kubernetes"
+    assert env["EPOCHSVC_OPERATOR_SERVICE_ACCOUNT"] == f"{NS}/{account['metadata']['name']}"
+    assert not find(manifests, "Secret", "-token"), "nothing to copy into namespaces"
+    # With static tokens the service calls no Kubernetes API: no token, no role.
+    static = render(helm, None, "auth.mode=static")
+    account = one(static, "ServiceAccount", "-epoch-service")
+    assert account["automountServiceAccountToken"] is False
+    assert not find(static, "ClusterRole", "-epoch-service")
     without = rules_of(
-        one(render(helm, None, "operator.ownerReferencesPermission=false"), "ClusterRole")
+        one(
+            render(helm, None, "operator.ownerReferencesPermission=false"),
+            "ClusterRole",
+            "-operator",
+        )
     )
     assert ("mcp.epochs.dev", "mcpservers/finalizers") not in without
 
@@ -289,7 +318,9 @@ def test_postgresql_store_takes_the_dsn_from_the_existing_secret(helm: Helm) -> 
 
 
 def test_tokens_are_generated_distinct_or_taken_from_values(helm: Helm) -> None:
-    manifests = render(helm, None, "replicaTokenSecret.namespaces={team-a,team-b}")
+    manifests = render(
+        helm, None, "auth.mode=static", "replicaTokenSecret.namespaces={team-a,team-b}"
+    )
     operator_token = base64.b64decode(one(manifests, "Secret", "-operator-token")["data"]["token"])
     replicas = find(manifests, "Secret", "-replica-token")
     assert sorted(s["metadata"]["namespace"] for s in replicas) == sorted([NS, "team-a", "team-b"])
@@ -298,7 +329,9 @@ def test_tokens_are_generated_distinct_or_taken_from_values(helm: Helm) -> None:
     replica_token = values.pop()
     assert len(operator_token) == len(replica_token) == 48 and operator_token != replica_token
 
-    given = render(helm, None, "tokens.operator=op-secret", "tokens.replica=rep-secret")
+    given = render(
+        helm, None, "auth.mode=static", "tokens.operator=op-secret", "tokens.replica=rep-secret"
+    )
     assert (
         base64.b64decode(one(given, "Secret", "-operator-token")["data"]["token"]) == b"op-secret"
     )
@@ -306,6 +339,7 @@ def test_tokens_are_generated_distinct_or_taken_from_values(helm: Helm) -> None:
         base64.b64decode(one(given, "Secret", "-replica-token")["data"]["token"]) == b"rep-secret"
     )
     env = env_of(container(one(given, "Deployment", "-epoch-service")))
+    assert env["EPOCHSVC_AUTH"] == "static"
     assert env["EPOCHSVC_OPERATOR_TOKEN"]["secretKeyRef"]["name"] == "r-mcp-epoch-operator-token"
     assert env["EPOCHSVC_REPLICA_TOKEN"]["secretKeyRef"] == {
         "name": "r-mcp-epoch-replica-token",
