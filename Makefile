@@ -18,7 +18,7 @@ demo: $(STAMP)
 
 ## Run the epoch service on the embedded SQLite default (./data/ledger.db) on 127.0.0.1:8080.
 serve: $(STAMP)
-	$(BIN)/mcp-epoch serve --host 127.0.0.1 --port 8080
+	EPOCHSVC_AUTH=static $(BIN)/mcp-epoch serve --host 127.0.0.1 --port 8080
 
 system-deps:
 	bash tests/support/system-deps.sh
