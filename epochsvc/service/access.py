@@ -56,10 +56,7 @@ class Access:
                 "seen the pod",
                 {"Retry-After": "1"},
             )
-        if own.state in TOMBSTONES:
-            # The pod is gone: refused at once, although the API server may accept its token
-            # for a few seconds more (it caches token reviews too).
-            raise ApiError(403, "forbidden", "the calling pod's epoch has retired")
+        _refuse_retired(own)
         if (own.namespace, own.server) != (namespace, server):
             raise ApiError(403, "forbidden", "a pod may read only its own server's epochs")
 
@@ -72,8 +69,8 @@ class Access:
             if named_uid is not None and named_uid != caller.pod.uid:
                 raise ApiError(403, "not-your-epoch", "a pod may register only for itself")
             own = await self.own_epoch(caller)
-            if own is not None and own.state in TOMBSTONES:
-                raise ApiError(403, "forbidden", "the calling pod's epoch has retired")
+            if own is not None:
+                _refuse_retired(own)
             return caller.pod.uid
         if named_uid is None:
             raise ApiError(
@@ -82,6 +79,13 @@ class Access:
                 "with the shared replica token, send the pod's own UID as pod_uid",
             )
         return named_uid
+
+
+def _refuse_retired(own: EpochRecord) -> None:
+    """The pod is gone: refused at once, although the API server may accept its token for a
+    few seconds more (it caches token reviews too)."""
+    if own.state in TOMBSTONES:
+        raise ApiError(403, "forbidden", "the calling pod's epoch has retired")
 
 
 def shown(record: EpochRecord, caller: Caller) -> EpochRecord:
