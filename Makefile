@@ -3,14 +3,26 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# uv.lock is the one lock file: the development set-up and the Dockerfile both install from it.
+# uv itself is bootstrapped at the version the lock records.
+UV_VERSION := $(shell awk '/^name = "uv"$$/ {getline; gsub(/"/, "", $$3); print $$3; exit}' uv.lock)
+VERSION := $(shell awk -F'"' '/^version = / {print $$2; exit}' pyproject.toml)
+IMAGE_ARCHIVE := dist/mcp-epoch-$(VERSION).oci.tar
+IMAGE_INPUTS := Dockerfile .dockerignore pyproject.toml uv.lock README.md \
+	$(shell git ls-files mcp_epoch epochsvc operator tools/image 2>/dev/null)
 
-.PHONY: demo serve test lint bench system-deps cluster-build cluster-up cluster-down
+.PHONY: demo serve test lint bench system-deps cluster-build cluster-up cluster-down \
+	image image-smoke lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml uv.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[all]' --group dev
+	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(BIN)/uv sync -q --frozen --inexact --all-extras --group dev
 	touch $@
+
+## Re-resolve uv.lock after a dependency change in pyproject.toml (needs the package index).
+lock: $(STAMP)
+	$(BIN)/uv lock
 
 ## The rolling-deploy proof on local processes (epoch service on SQLite), ~1 minute.
 demo: $(STAMP)
@@ -23,15 +35,26 @@ serve: $(STAMP)
 system-deps:
 	bash tests/support/system-deps.sh
 
-## Lint, type-check and run the whole test suite.
-test: $(STAMP) system-deps lint
+## Lint, type-check, build the image and run the whole test suite (image smoke included).
+test: $(STAMP) system-deps lint $(IMAGE_ARCHIVE)
 	$(BIN)/pytest
+
+## The container image, built daemonlessly (buildah in a cached Debian 13 chroot; needs root).
+image: $(IMAGE_ARCHIVE)
+
+$(IMAGE_ARCHIVE): $(IMAGE_INPUTS) | $(STAMP) system-deps
+	$(BIN)/python -m tools.image build
+
+## The image run with the container spec the chart renders: ready, and a clear ledger error.
+image-smoke: $(IMAGE_ARCHIVE)
+	$(BIN)/pytest -q tests/image
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/hadolint Dockerfile
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -1,0 +1,1 @@
+"""Build tooling of the repository (not shipped in the wheel): the container image."""
