@@ -7,11 +7,35 @@ from pathlib import Path
 
 import pytest
 
+from tests.charts.support import Helm
+from tests.cluster import build
+from tests.image.runtime import ImageMissing, ImageRuntime, image_runtime
 from tests.support.epochsvc_proc import EpochServiceProcess
 from tests.support.postgres import PostgresServer
 
 # The loopback Kubernetes control plane (k8s_cluster fixture, `cluster` marker).
 pytest_plugins = ["tests.cluster.fixtures"]
+
+
+@pytest.fixture(scope="session")
+def helm() -> Helm:
+    """The pinned helm (built from Go modules by tests/cluster, like the control plane) for
+    offline work (lint, template); only helm is built if it is missing."""
+    try:
+        paths = build.ensure_built(["helm"], log=lambda _message: None)
+    except build.BuildError as exc:
+        pytest.fail(f"helm could not be built:\n{exc}", pytrace=False)
+    return Helm(paths["helm"])
+
+
+@pytest.fixture(scope="session")
+def image() -> Iterator[ImageRuntime]:
+    """The image ``make image`` built, loaded into a podman storage of this run."""
+    try:
+        with image_runtime() as runtime:
+            yield runtime
+    except ImageMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="session")

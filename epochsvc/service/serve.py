@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 from types import FrameType
@@ -43,14 +44,22 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
     try:
         settings = Settings()
         auth, generated = resolve_auth(settings)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # ssl.SSLError (an unreadable CA file) is an OSError
         print(f"mcp-epoch serve: invalid settings: {exc}", file=sys.stderr)
         return 2
     level = log_level or settings.log_level
     logs.configure(level)
     try:
         store = asyncio.run(open_store(settings.database_url))
-    except (RuntimeError, ValueError, StoreUnavailable) as exc:
+    except PermissionError as exc:
+        print(
+            f"mcp-epoch serve: cannot open the ledger: {exc}; this process (UID {os.getuid()}, "
+            f"GID {os.getgid()}) cannot write there: give the volume to the pod's fsGroup "
+            "(the chart sets 10001) or make it writable by this user",
+            file=sys.stderr,
+        )
+        return 1
+    except (RuntimeError, ValueError, OSError, StoreUnavailable) as exc:
         print(f"mcp-epoch serve: cannot open the ledger: {exc}", file=sys.stderr)
         return 1
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
