@@ -160,11 +160,6 @@ def stub_crd(group: str, version: str, kind: str, plural: str) -> dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def cluster_helm(k8s_cluster: Cluster, helm: Helm) -> Helm:
-    return Helm(helm.binary, k8s_cluster.kubeconfig)
-
-
-@pytest.fixture(scope="module")
 def third_party_crds(k8s_cluster: Cluster) -> Iterator[None]:
     apply(k8s_cluster, *(stub_crd(*kind) for kind in THIRD_PARTY_KINDS))
     for _group, _version, _kind, plural in THIRD_PARTY_KINDS:

@@ -465,6 +465,9 @@ class Cluster:
                 f"--service-account-signing-key-file={pki.sa_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
+                # Service-referenced webhooks are called at a ready endpoint's pod IP, as with
+                # kube-proxy on the node; there is no kube-proxy here (tests/image/netns.py).
+                "--enable-aggregator-routing=true",
                 "--profiling=false",
                 "--v=1",
             ],

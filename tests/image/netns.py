@@ -96,8 +96,11 @@ class NodeNetwork:
 
     def __post_init__(self) -> None:
         hosts = list(self.pod_range.hosts())
-        self.gateway = str(hosts[0])
-        self._free = [str(h) for h in hosts[1:]]
+        #: The addresses handed to pods (a node's ``podCIDR``): the lower half, so that the
+        #: gateway (the last address) is never one of them, whichever address kwok picks.
+        self.pod_addresses = next(self.pod_range.subnets(prefixlen_diff=1))
+        self.gateway = str(hosts[-1])
+        self._free = [str(h) for h in self.pod_addresses.hosts()]
         third = int(self.pod_range.network_address.packed[2])
         self.host_end = f"169.254.{third}.1"
         self.node_end = f"169.254.{third}.2"
@@ -146,14 +149,21 @@ class NodeNetwork:
 
     # ---------------------------------------------------------------- pods
 
+    def owns(self, address: str) -> bool:
+        """True for an address of this node's pod range."""
+        try:
+            return ipaddress.IPv4Address(address) in self.pod_range
+        except ValueError:
+            return False
+
     def take_address(self) -> str:
         """An unused pod address of this node (for a pod the control plane did not address)."""
         return self._free.pop(0)
 
     def attach(self, key: str, address: str) -> str:
         """A network namespace holding ``address``; returns its path for ``podman --network``."""
-        if address not in {str(h) for h in self.pod_range.hosts()}:
-            raise NetworkError(f"{address} is not in this node's pod range {self.pod_range}")
+        if ipaddress.IPv4Address(address) not in self.pod_addresses:
+            raise NetworkError(f"{address} is not in this node's pod range {self.pod_addresses}")
         if address in self._free:
             self._free.remove(address)
         index = len(self._pods) + 1
