@@ -55,6 +55,9 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/hadolint Dockerfile
+	$(BIN)/python -m tests.cluster build actionlint > /dev/null
+	"$$($(BIN)/python -c 'from tests.cluster import build; print(build.binary_path("actionlint"))')" \
+		.github/workflows/*.yml
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -5,6 +5,7 @@ test_chart_cluster.py). Needs only the pinned helm binary."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import subprocess
@@ -574,3 +575,15 @@ def test_the_version_has_one_source() -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
     assert version not in dockerfile
     assert 'org.opencontainers.image.version="${VERSION}"' in dockerfile
+
+
+def test_the_release_workflow_publishes_where_the_chart_pulls_from() -> None:
+    """A user who installs the published chart with its defaults pulls the image the release
+    workflow pushed, and the chart from where the README says it is."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "release.yml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    image = f"{values['image']['registry']}/{values['image']['repository']}"
+    assert workflow["env"]["IMAGE"] == image
+    assert "linux/arm64" in json.dumps(workflow)
+    readme = (REPO / "README.md").read_text()
+    assert f"helm install mcp-epoch {workflow['env']['CHART_REPO']}/mcp-epoch" in readme

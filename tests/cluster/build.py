@@ -173,6 +173,13 @@ def components() -> list[Component]:
             requires={"helm.sh/helm/v3": versions.HELM},
         ),
         Component(
+            name="actionlint",
+            version=versions.ACTIONLINT,
+            binaries={"actionlint": "github.com/rhysd/actionlint/cmd/actionlint"},
+            ldflags=(f"-X github.com/rhysd/actionlint.version={versions.ACTIONLINT}",),
+            requires={"github.com/rhysd/actionlint": versions.ACTIONLINT},
+        ),
+        Component(
             name="kubernetes",
             version=k8s,
             binaries={

@@ -17,6 +17,8 @@ ETCD: Final = "v3.6.16"
 KWOK: Final = "v0.8.0"
 #: helm v3 for the chart tests.
 HELM: Final = "v3.22.0"
+#: actionlint checks the GitHub Actions workflows in `make lint`.
+ACTIONLINT: Final = "v1.7.12"
 
 #: Go build tags used by the upstream Kubernetes release build.
 KUBERNETES_BUILD_TAGS: Final = "selinux,notest,grpcnotrace"
