@@ -27,7 +27,7 @@ import random
 import socket
 import subprocess
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,9 +250,3 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
     for sock in (src, dst):
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-
-
-@contextlib.contextmanager
-def node_network() -> Iterator[NodeNetwork]:
-    with NodeNetwork() as net:
-        yield net

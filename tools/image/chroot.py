@@ -17,9 +17,10 @@ import os
 import resource
 import shlex
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 #: The CA bundle and pip configuration of this machine, mounted (never copied) into build
 #: steps that reach a package registry.
@@ -141,7 +142,7 @@ class Engine:
         return done
 
     def popen(
-        self, tool: str, *args: str, stdout: int | None = None, env: Mapping[str, str] | None = None
+        self, tool: str, *args: str, stdout: IO[bytes] | None = None
     ) -> subprocess.Popen[bytes]:
         """Start in the background (a container's lifetime is this process's: ``podman run``
         forwards SIGTERM to the container)."""
@@ -149,7 +150,6 @@ class Engine:
             self.argv(tool, args),
             stdout=stdout,
             stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None,
             start_new_session=True,
         )
 
