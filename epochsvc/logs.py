@@ -38,7 +38,9 @@ def configure(level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # Access logs at info would print a line per request; keep them for debug.
-    logging.getLogger("uvicorn.access").setLevel(
-        logging.DEBUG if level.lower() == "debug" else logging.WARNING
-    )
+    # So would Alembic's chatter at every start; the store logs what a migration changed.
+    for noisy in ("uvicorn.access", "alembic"):
+        logging.getLogger(noisy).setLevel(
+            logging.DEBUG if level.lower() == "debug" else logging.WARNING
+        )
     logging.Formatter.converter = time.gmtime

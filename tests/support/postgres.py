@@ -124,6 +124,32 @@ class PostgresServer:
         )
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
 
+    def load(self, url: str, dump: Path) -> None:
+        """Run a SQL dump (``pg_dump``'s plain format) into the database at ``url``."""
+        database = url.rsplit("/", 1)[1]
+        done = subprocess.run(
+            [
+                _bin("psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                database,
+                "-f",
+                str(dump),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"psql -f {dump} failed: {done.stderr.strip()}")
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.terminate()

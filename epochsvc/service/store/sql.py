@@ -39,6 +39,7 @@ from epochsvc.service.lifecycle import (
     check_owner,
     plan,
 )
+from epochsvc.service.store import migrate
 from epochsvc.service.store.base import (
     EpochRecord,
     EpochStore,
@@ -50,43 +51,10 @@ from epochsvc.service.store.base import (
 )
 from epochsvc.service.store.groupcommit import GroupCommitter, NoChange
 from epochsvc.service.store.mirror import LedgerMirror
+from epochsvc.service.store.schema import LEDGER_ROW, epochs_table, ledger_table
 from mcp_epoch.contract import FALLBACK_INCARNATION_MIN
 
 log = logging.getLogger("epochsvc.store")
-
-metadata = sa.MetaData()
-ADDRESS_MAX_LEN = 300
-
-ledger_table = sa.Table(
-    "ledger",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("ledger_id", sa.String(32), nullable=False),
-    # The last generation issued; only ever incremented.
-    sa.Column("generation", sa.BigInteger, nullable=False),
-    sa.Column("revision", sa.BigInteger, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-)
-
-epochs_table = sa.Table(
-    "epochs",
-    metadata,
-    sa.Column("generation", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("namespace", sa.String(63), nullable=False),
-    sa.Column("server", sa.String(63), nullable=False),
-    sa.Column("request_uid", sa.String(128), nullable=False, unique=True),
-    sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("pod_name", sa.String(253)),
-    sa.Column("pod_uid", sa.String(128), unique=True),
-    sa.Column("incarnation", sa.BigInteger),
-    # Added in 0.2 (see _upgrade): where the pod serves, for forwarding to a session's owner.
-    sa.Column("address", sa.String(ADDRESS_MAX_LEN)),
-    sa.Column("revision", sa.BigInteger, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
-    sa.Index("ix_epochs_server", "namespace", "server", "revision"),
-    sa.Index("ix_epochs_state_updated", "state", "updated_at"),
-)
 
 T = TypeVar("T")
 # PostgreSQL channel on which every commit announces itself to the other service processes.
@@ -95,19 +63,18 @@ _CHANNEL = "epochsvc_ledger"
 _CATCH_UP_SECONDS = 1.0
 # Threads for blocking reads (PostgreSQL; SQLite answers reads from memory).
 READ_THREADS = 4
-_LEDGER_ROW = 1
 
 # Statements of the hot paths, built once: building an expression per call costs more than
 # SQLite takes to run it.
 _BUMP = (
     ledger_table.update()
-    .where(ledger_table.c.id == _LEDGER_ROW)
+    .where(ledger_table.c.id == LEDGER_ROW)
     .values(revision=ledger_table.c.revision + 1)
     .returning(ledger_table.c.revision, ledger_table.c.generation)
 )
 _BUMP_GENERATION = (
     ledger_table.update()
-    .where(ledger_table.c.id == _LEDGER_ROW)
+    .where(ledger_table.c.id == LEDGER_ROW)
     .values(revision=ledger_table.c.revision + 1, generation=ledger_table.c.generation + 1)
     .returning(ledger_table.c.revision, ledger_table.c.generation)
 )
@@ -124,18 +91,6 @@ _UPDATE = (
     .returning(*epochs_table.c)
 )
 _PG_INIT_LOCK = 0x6D6370  # advisory lock key: serialises schema creation across processes
-
-
-def _upgrade(conn: Connection) -> None:
-    """Bring a ledger written by an older release up to this schema, keeping every row.
-
-    0.1 → 0.2: ``epochs.address`` (nullable; old epochs simply have no address, and their
-    sessions are rejected as before rather than forwarded).
-    """
-    columns = {c["name"] for c in sa.inspect(conn).get_columns("epochs")}
-    if "address" not in columns:
-        conn.execute(sa.text(f"ALTER TABLE epochs ADD COLUMN address VARCHAR({ADDRESS_MAX_LEN})"))
-        log.warning("ledger upgraded: added epochs.address")
 
 
 def _driver_url(url: str) -> sa.URL:
@@ -210,14 +165,13 @@ class SqlEpochStore(EpochStore):
         with self._tx() as conn:
             if self.dialect == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_INIT_LOCK)))
-            metadata.create_all(conn)
-            _upgrade(conn)
+            migrate.upgrade(conn)
             row = (conn.execute(sa.select(ledger_table.c.ledger_id))).first()
             if row is None:
                 self.ledger_id = uuid.uuid4().hex
                 conn.execute(
                     ledger_table.insert().values(
-                        id=_LEDGER_ROW,
+                        id=LEDGER_ROW,
                         ledger_id=self.ledger_id,
                         generation=0,
                         revision=0,

@@ -1,0 +1,1 @@
+"""Alembic migrations of the ledger (run by :mod:`epochsvc.service.store.migrate`)."""

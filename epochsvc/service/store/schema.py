@@ -1,0 +1,42 @@
+"""The ledger's tables, as this release has them (the migrations in ``migrations/`` build and
+upgrade them; a test checks that both agree)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+ADDRESS_MAX_LEN = 300
+#: The single row of ``ledger``.
+LEDGER_ROW = 1
+
+ledger_table = sa.Table(
+    "ledger",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("ledger_id", sa.String(32), nullable=False),
+    # The last generation issued; only ever incremented.
+    sa.Column("generation", sa.BigInteger, nullable=False),
+    sa.Column("revision", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+epochs_table = sa.Table(
+    "epochs",
+    metadata,
+    sa.Column("generation", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("server", sa.String(63), nullable=False),
+    sa.Column("request_uid", sa.String(128), nullable=False, unique=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("pod_name", sa.String(253)),
+    sa.Column("pod_uid", sa.String(128), unique=True),
+    sa.Column("incarnation", sa.BigInteger),
+    # Since 0.2 (migration 0002): where the pod serves, for forwarding to a session's owner.
+    sa.Column("address", sa.String(ADDRESS_MAX_LEN)),
+    sa.Column("revision", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Index("ix_epochs_server", "namespace", "server", "revision"),
+    sa.Index("ix_epochs_state_updated", "state", "updated_at"),
+)
