@@ -16,7 +16,7 @@ from epochsvc.service.headers import bounded
 from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.settings import Settings
 from epochsvc.service.store import StoreUnavailable, open_store
-from epochsvc.service.store.sql import describe_url
+from epochsvc.service.store.engines import describe_url
 
 
 class _AnnouncingServer(uvicorn.Server):

@@ -197,7 +197,7 @@ def test_an_invalid_transaction_after_a_lost_database_is_unavailable_not_a_500()
     from sqlalchemy.exc import PendingRollbackError
 
     from epochsvc.service.store.base import StoreUnavailable
-    from epochsvc.service.store.sql import _store_error
+    from epochsvc.service.store.errors import store_error as _store_error
 
     mapped = _store_error(
         PendingRollbackError("Can't reconnect until invalid transaction is rolled back")

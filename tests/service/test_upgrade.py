@@ -21,8 +21,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from epochsvc.service.store import migrate, open_store
+from epochsvc.service.store.engines import driver_url as _driver_url
 from epochsvc.service.store.schema import metadata
-from epochsvc.service.store.sql import _driver_url
 from tests.conftest import ServiceFactory
 from tests.support.postgres import PostgresServer
 

@@ -1,0 +1,86 @@
+"""PostgreSQL: several service processes share the ledger, so each follows the others' writes.
+
+Every commit sends a ``NOTIFY`` on :data:`CHANNEL` (:func:`notify_followers`, or
+:func:`notify_reload` after deletions). :class:`Follower` runs in a thread of its own: it
+``LISTEN``\\ s, reads what changed since the revision it last saw (also every
+:data:`CATCH_UP_SECONDS`, should a notification be lost), and hands each batch to
+``deliver``; when the database is lost it calls ``lost`` and reconnects with backoff, so the
+store's readers fall back to the database until the copy is whole again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+
+from epochsvc.service.store import queries
+from epochsvc.service.store.base import EpochRecord
+from epochsvc.service.store.errors import store_error
+
+log = logging.getLogger("epochsvc.store")
+
+CHANNEL = "epochsvc_ledger"
+#: How long a follower waits for a notification before it reads anyway.
+CATCH_UP_SECONDS = 1.0
+
+#: (records, revision, full): ``full`` replaces the copy, otherwise the records update it.
+Deliver = Callable[[list[EpochRecord], int, bool], None]
+
+
+def notify_followers(conn: Connection) -> None:
+    """Delivered by PostgreSQL at commit, to every other service process's follower."""
+    conn.execute(sa.select(sa.func.pg_notify(CHANNEL, "change")))
+
+
+def notify_reload(conn: Connection) -> None:
+    """Rows were deleted: followers re-read their whole copy."""
+    conn.execute(sa.select(sa.func.pg_notify(CHANNEL, "reload")))
+
+
+class Follower:
+    def __init__(
+        self, engine: Engine, ledger8: str, deliver: Deliver, lost: Callable[[], None]
+    ) -> None:
+        self._engine = engine
+        self._ledger8 = ledger8
+        self._deliver = deliver
+        self._lost = lost
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="epochsvc-follower", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=CATCH_UP_SECONDS + 5)
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                with self._engine.connect() as conn:
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                    raw = conn.connection.driver_connection
+                    assert raw is not None
+                    raw.execute(f"LISTEN {CHANNEL}")
+                    records, since = queries.changes(conn, None, self._ledger8)
+                    self._deliver(records, since, True)
+                    backoff = 0.5
+                    while not self._stop.is_set():
+                        notes = list(raw.notifies(timeout=CATCH_UP_SECONDS, stop_after=1))
+                        full = any(n.payload == "reload" for n in notes)
+                        records, since = queries.changes(
+                            conn, None if full else since, self._ledger8
+                        )
+                        self._deliver(records, since, full)
+            except Exception as exc:
+                self._lost()
+                log.warning("ledger follower lost the database: %s", store_error(exc))
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)

@@ -1,0 +1,139 @@
+"""The store in-process, on both backends: the writes' rules, the in-memory copy, and (on
+PostgreSQL) a second process's writes reaching this one's copy through notifications."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from epochsvc.service.lifecycle import Action, LifecycleError, State
+from epochsvc.service.store import RequestConflict, SqlEpochStore, UnknownEpoch, open_store
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[SqlEpochStore]:
+    s = await open_store(database_url)
+    await s.attach()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def test_issue_is_idempotent_per_request_and_never_reuses_a_generation(
+    store: SqlEpochStore,
+) -> None:
+    first, created = await store.issue("ns", "echo", "req-1")
+    again, created_again = await store.issue("ns", "echo", "req-1")
+    assert created and not created_again and again == first
+    with pytest.raises(RequestConflict):
+        await store.issue("ns", "other", "req-1")
+    second, _ = await store.issue("ns", "echo", "req-2")
+    assert second.generation == first.generation + 1
+    assert second.revision > first.revision
+
+
+async def test_bind_register_drain_retire_and_the_rules_on_the_way(store: SqlEpochStore) -> None:
+    rec, _ = await store.issue("ns", "echo", "r")
+    other, _ = await store.issue("ns", "echo", "r2")
+    with pytest.raises(LifecycleError):  # no incarnation before the epoch is bound
+        await store.register_incarnation(rec.generation, pod_uid="uid-a", owner_only=True)
+    live = await store.transition(rec.generation, Action.BIND, pod_name="a", pod_uid="uid-a")
+    assert live.state is State.LIVE and live.pod_uid == "uid-a"
+    with pytest.raises(LifecycleError, match="is already bound to epoch"):
+        await store.transition(other.generation, Action.BIND, pod_name="a", pod_uid="uid-a")
+    # A repeated bind of the same pod records its address, and is otherwise a no-op.
+    addressed = await store.transition(
+        rec.generation, Action.BIND, pod_name="a", pod_uid="uid-a", address="10.0.0.1:8080"
+    )
+    assert addressed.address == "10.0.0.1:8080" and addressed.revision > live.revision
+    same = await store.transition(
+        rec.generation, Action.BIND, pod_name="a", pod_uid="uid-a", address="10.0.0.1:8080"
+    )
+    assert same.revision == addressed.revision
+    incs = [
+        (
+            await store.register_incarnation(rec.generation, pod_uid="uid-a", owner_only=True)
+        ).incarnation
+        for _ in range(3)
+    ]
+    assert incs == [0, 1, 2]
+    with pytest.raises(LifecycleError):
+        await store.register_incarnation(rec.generation, pod_uid="uid-b", owner_only=True)
+    assert (await store.transition(rec.generation, Action.DRAIN)).state is State.DRAINING
+    assert (await store.transition(rec.generation, Action.RETIRE)).state is State.RETIRED
+    with pytest.raises(LifecycleError):
+        await store.register_incarnation(rec.generation, pod_uid="uid-a", owner_only=True)
+    assert await store.bound_to("uid-a") == await store.get(rec.generation)
+
+
+async def test_sweep_abandons_and_compacts_but_the_counter_never_goes_back(
+    store: SqlEpochStore,
+) -> None:
+    stale, _ = await store.issue("ns", "echo", "stale")
+    done, _ = await store.issue("ns", "echo", "done")
+    await store.transition(done.generation, Action.BIND, pod_name="p", pod_uid="u")
+    await store.transition(done.generation, Action.RETIRE)
+    result = await store.sweep(now=stale.created_at + 100, pending_timeout=10, tombstone_ttl=1e9)
+    assert (result.abandoned, result.compacted) == (1, 0)
+    assert (await store.get(stale.generation)).state is State.ABANDONED
+    result = await store.sweep(now=stale.created_at + 1e10, pending_timeout=10, tombstone_ttl=1)
+    assert result.compacted == 2
+    for gone in (stale, done):
+        with pytest.raises(UnknownEpoch):
+            await store.get(gone.generation)
+    assert (await store.list_server("ns", "echo")).epochs == []
+    nxt, _ = await store.issue("ns", "echo", "after")
+    assert nxt.generation == done.generation + 1
+
+
+async def _until(changed: asyncio.Event, check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Re-check after every change the follower delivers (``on_change``), for at most 10 s."""
+    try:
+        async with asyncio.timeout(10):
+            while True:
+                changed.clear()
+                if await check():
+                    return
+                await changed.wait()
+    except TimeoutError:
+        raise AssertionError(f"within 10 s: {what}") from None
+
+
+async def test_postgres_a_second_process_writes_reach_this_copy(postgres: object) -> None:
+    url = postgres.new_database()  # type: ignore[attr-defined]
+    here, there = await open_store(url), await open_store(url)
+    changed = asyncio.Event()
+    here.on_change = changed.set
+    try:
+        await here.attach()
+        await there.attach()
+        rec, _ = await there.issue("ns", "echo", "from-there")
+        await _until(changed, lambda: _has(here, rec.generation), "the other process's epoch")
+        await there.transition(rec.generation, Action.BIND, pod_name="p", pod_uid="u")
+
+        async def bound() -> bool:
+            return (await here.get(rec.generation)).state is State.LIVE
+
+        await _until(changed, bound, "the bind")
+        assert (await here.list_server("ns", "echo")).revision == (
+            await there.list_server("ns", "echo")
+        ).revision
+    finally:
+        await here.close()
+        await there.close()
+
+
+async def _has(store: SqlEpochStore, generation: int) -> bool:
+    """In the in-memory copy (``list_server`` answers from it while it is whole)."""
+    listing = await store.list_server("ns", "echo")
+    return any(e.generation == generation for e in listing.epochs)
