@@ -49,11 +49,17 @@ def test_full_lifecycle(svc: EpochServiceProcess) -> None:
         wrong = c.post(f"/v1/epochs/{epoch}/incarnations", json={"pod_uid": "uid-x"})
         assert wrong.status_code == 409 and wrong.json()["code"] == "pod-mismatch"
         assert "uid-0" not in wrong.text
+        # So is another pod's name (the Downward API gives a process both), and a refused
+        # registration takes no incarnation.
+        named = c.post(f"/v1/epochs/{epoch}/incarnations", json={"pod_name": "demo-9"})
+        assert named.status_code == 409 and named.json()["code"] == "pod-mismatch"
+        inc = c.post(f"/v1/epochs/{epoch}/incarnations", json={"pod_name": "demo-0"})
+        assert inc.json()["process_epoch"] == f"{epoch}.2"
 
         # Only the newest incarnation counts as live; an older one was replaced by a restart.
-        assert c.get(f"/v1/epochs/{epoch}.1").json()["process_state"] == "live"
-        assert c.get(f"/v1/epochs/{epoch}.0").json()["process_state"] == "retired"
-        assert c.get(f"/v1/epochs/{epoch}.2").status_code == 404
+        assert c.get(f"/v1/epochs/{epoch}.2").json()["process_state"] == "live"
+        assert c.get(f"/v1/epochs/{epoch}.1").json()["process_state"] == "retired"
+        assert c.get(f"/v1/epochs/{epoch}.3").status_code == 404
 
         assert c.post(f"/v1/epochs/{epoch}/drain").json()["state"] == "draining"
         assert c.post(f"/v1/epochs/{epoch}/retire").json()["state"] == "retired"

@@ -120,7 +120,10 @@ async def register_incarnation(
     bound to itself (``not-bound``, 409, until the operator has bound it)."""
     uid = await rules.incarnation_uid(caller, body.pod_uid if body else None)
     record = await store.register_incarnation(
-        epoch.generation, pod_uid=uid, owner_only=not caller.is_operator
+        epoch.generation,
+        pod_uid=uid,
+        pod_name=body.pod_name if body else None,
+        owner_only=not caller.is_operator,
     )
     notifier.notify()
     assert record.incarnation is not None and record.process_epoch is not None

@@ -93,11 +93,16 @@ class EpochStore(abc.ABC):
 
     @abc.abstractmethod
     async def register_incarnation(
-        self, generation: int, *, pod_uid: str | None = None, owner_only: bool = False
+        self,
+        generation: int,
+        *,
+        pod_uid: str | None = None,
+        pod_name: str | None = None,
+        owner_only: bool = False,
     ) -> EpochRecord:
         """The next incarnation. ``owner_only``: the epoch must already be bound to
         ``pod_uid`` (a pod registering for itself); else a ``pod_uid`` given must not
-        contradict the binding."""
+        contradict the binding, nor a ``pod_name``."""
 
     @abc.abstractmethod
     async def bound_to(self, pod_uid: str) -> EpochRecord | None:

@@ -292,7 +292,12 @@ class SqlEpochStore(EpochStore):
         return await self._write(op)
 
     async def register_incarnation(
-        self, generation: int, *, pod_uid: str | None = None, owner_only: bool = False
+        self,
+        generation: int,
+        *,
+        pod_uid: str | None = None,
+        pod_name: str | None = None,
+        owner_only: bool = False,
     ) -> EpochRecord:
         def op(conn: Connection) -> EpochRecord:
             revision, _ = queries.bump(conn)
@@ -306,6 +311,11 @@ class SqlEpochStore(EpochStore):
                     "pod-mismatch",
                     # Never the bound UID: a replica's caller must not learn another pod's.
                     f"epoch {current.epoch} is bound to another pod, not to pod UID {pod_uid}",
+                )
+            if pod_name is not None and current.pod_name not in (None, pod_name):
+                raise LifecycleError(
+                    "pod-mismatch",
+                    f"epoch {current.epoch} is bound to another pod, not to pod {pod_name}",
                 )
             nxt = 0 if current.incarnation is None else current.incarnation + 1
             if nxt >= FALLBACK_INCARNATION_MIN:
