@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import kopf
+
 from mcp_epoch.contract import (
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_EVENTS_PER_SECOND,
@@ -95,27 +97,18 @@ def selector_string(name: str) -> str:
     return ",".join(f"{k}={v}" for k, v in server_selector(name).items())
 
 
-def owner_reference(mcps: dict[str, Any]) -> dict[str, Any]:
-    """Controller owner reference: deleting the McpServer cascades to what it owns."""
-    meta = mcps["metadata"]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _owned_metadata(mcps: dict[str, Any]) -> dict[str, Any]:
     meta = mcps["metadata"]
-    return {
+    owned_meta: dict[str, Any] = {
         "name": meta["name"],
         "namespace": meta["namespace"],
         "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE, **server_selector(meta["name"])},
-        "ownerReferences": [owner_reference(mcps)],
     }
+    # kopf's controller reference: deleting the McpServer cascades to what it owns.
+    owned = {"metadata": owned_meta}
+    owner = {"apiVersion": API_VERSION, "kind": KIND, **mcps}
+    kopf.append_owner_reference(owned, owner=owner)  # type: ignore[arg-type]  # a raw body
+    return owned_meta
 
 
 def token_secret_of(spec: dict[str, Any], defaults: ReplicaDefaults) -> TokenSecretRef | None:

@@ -30,26 +30,19 @@ from mcp_epoch_operator.epochs import (
 )
 from mcp_epoch_operator.kube import KubeClient, KubeError
 from mcp_epoch_operator.names import (
-    GROUP,
-    PLURAL,
     SERVER_LABEL,
-    VERSION,
 )
 from mcp_epoch_operator.resources import build_deployment, build_service
 from mcp_epoch_operator.webhook import webhook_configuration
 
 log = logging.getLogger("mcp_epoch_operator")
+#: ``kopf.event``'s signature: (object, *, type, reason, message).
+PostEvent = Callable[..., None]
 T = TypeVar("T")
 Key = tuple[str, str]
 
 #: Warnings about the same server are not repeated more often than this (Event spam).
 WARNING_EVENT_INTERVAL = 30.0
-
-
-def mcps_path(namespace: str | None, name: str | None = None) -> str:
-    base = f"/apis/{GROUP}/{VERSION}"
-    path = f"{base}/namespaces/{namespace}/{PLURAL}" if namespace else f"{base}/{PLURAL}"
-    return f"{path}/{name}" if name else path
 
 
 class Runtime:
@@ -114,12 +107,9 @@ class Runtime:
         if cached and time.monotonic() - cached[0] < 30:
             return cached[1]
         ns, name = key
-        target = await self.kube.get(mcps_path(ns, name))
+        target = await self.kube.get_mcpserver(ns, name)
         if target is None:
-            target = await self.kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")
-            if target is not None:
-                target.setdefault("apiVersion", "apps/v1")
-                target.setdefault("kind", "Deployment")
+            target = await self.kube.get_deployment(ns, name)
         self._targets[key] = (time.monotonic(), target)
         return target
 
@@ -149,13 +139,6 @@ class Runtime:
 
     # ------------------------------------------------------------------ servers ConfigMap
 
-    @property
-    def servers_path(self) -> str:
-        return (
-            f"/api/v1/namespaces/{self.config.operator_namespace}/configmaps/"
-            f"{self.config.servers_configmap}"
-        )
-
     async def record(self, key: Key, present: bool) -> None:
         """Remember (or forget) a server in the operator's ConfigMap.
 
@@ -165,8 +148,10 @@ class Runtime:
         """
         item = f"{key[0]}.{key[1]}"  # both are DNS labels: no dots, so this is unambiguous
         try:
-            await self.kube.merge_patch(
-                self.servers_path, {"data": {item: "" if present else None}}
+            await self.kube.patch_configmap(
+                self.config.operator_namespace,
+                self.config.servers_configmap,
+                {"data": {item: "" if present else None}},
             )
         except KubeError as exc:
             if exc.status != 404 or not present:
@@ -183,11 +168,7 @@ class Runtime:
                 "data": {item: ""},
             }
             try:
-                await self.kube.request(
-                    "POST",
-                    f"/api/v1/namespaces/{self.config.operator_namespace}/configmaps",
-                    body=body,
-                )
+                await self.kube.create_configmap(self.config.operator_namespace, body)
             except KubeError as again:
                 if again.status == 409:  # another replica created it meanwhile
                     await self.record(key, present)
@@ -196,7 +177,9 @@ class Runtime:
 
     async def recorded_servers(self) -> set[Key]:
         try:
-            cm = await self.kube.get(self.servers_path)
+            cm = await self.kube.get_configmap(
+                self.config.operator_namespace, self.config.servers_configmap
+            )
         except KubeError as exc:
             log.info("could not read the servers ConfigMap: %s", exc)
             return set()
@@ -315,19 +298,14 @@ class Runtime:
             list(self.config.namespaces) if self.config.namespaces else [None]
         )
         for ns in namespaces:
-            prefix = f"/api/v1/namespaces/{ns}" if ns else "/api/v1"
-            for pod in await self.kube.list(f"{prefix}/pods", label_selector=SERVER_LABEL):
+            # Labelled objects only: the API server filters, the operator never lists the
+            # cluster's other pods. A plain Deployment is found through its labelled pods;
+            # one scaled to zero has nothing to reconcile beyond what the ConfigMap recorded.
+            for pod in await self.kube.list_pods(ns, SERVER_LABEL):
                 meta = pod["metadata"]
                 self.known.add((meta["namespace"], meta["labels"][SERVER_LABEL]))
-            for mcps in await self.kube.list(mcps_path(ns)):
+            for mcps in await self.kube.list_mcpservers(ns):
                 self.known.add((mcps["metadata"]["namespace"], mcps["metadata"]["name"]))
-            dprefix = f"/apis/apps/v1/namespaces/{ns}" if ns else "/apis/apps/v1"
-            for dep in await self.kube.list(f"{dprefix}/deployments"):
-                labels = (
-                    ((dep.get("spec") or {}).get("template") or {}).get("metadata") or {}
-                ).get("labels") or {}
-                if SERVER_LABEL in labels:
-                    self.known.add((dep["metadata"]["namespace"], labels[SERVER_LABEL]))
         recorded = await self.recorded_servers()
         self.known |= recorded
         self.recorded |= recorded
@@ -340,7 +318,7 @@ class Runtime:
     async def sync_server(self, key: Key, reapply: bool) -> None:
         """Owned objects (if an McpServer), ledger vs pods, then status."""
         ns, name = key
-        mcps = await self.kube.get(mcps_path(ns, name))
+        mcps = await self.kube.get_mcpserver(ns, name)
         problem: str | None = None
         if mcps is not None and not mcps["metadata"].get("deletionTimestamp"):
             stamp = (mcps["metadata"]["uid"], int(mcps["metadata"].get("generation") or 0))
@@ -358,9 +336,7 @@ class Runtime:
         except (EpochServiceUnavailable, EpochServiceError) as exc:
             log.info("ledger of %s/%s not readable: %s", ns, name, exc)
             ledger = None
-        pods = await self.kube.list(
-            f"/api/v1/namespaces/{ns}/pods", label_selector=f"{SERVER_LABEL}={name}"
-        )
+        pods = await self.kube.list_pods(ns, f"{SERVER_LABEL}={name}")
         if ledger is not None:
             plan = resync.plan_resync(ledger, pods)
             if plan.calls:
@@ -392,13 +368,13 @@ class Runtime:
                 self.recorded.discard(key)
                 await self.record(key, present=False)
             return
-        deployment = await self.kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")
+        deployment = await self.kube.get_deployment(ns, name)
         new_status = status.build_status(
             mcps, deployment, ledger, pods, self.reach, problem=problem
         )
         if new_status != (mcps.get("status") or {}):
             try:
-                await self.kube.merge_patch(mcps_path(ns, name) + "/status", {"status": new_status})
+                await self.kube.patch_mcpserver_status(ns, name, new_status)
             except KubeError as exc:
                 if exc.status != 404:
                     raise
@@ -407,11 +383,8 @@ class Runtime:
         """Server-side apply the Deployment and the Service; a problem message on failure."""
         ns, name = key
         try:
-            await self.kube.apply(
-                f"/apis/apps/v1/namespaces/{ns}/deployments/{name}",
-                build_deployment(mcps, self.config.replica),
-            )
-            await self.kube.apply(f"/api/v1/namespaces/{ns}/services/{name}", build_service(mcps))
+            await self.kube.apply_deployment(ns, name, build_deployment(mcps, self.config.replica))
+            await self.kube.apply_service(ns, name, build_service(mcps))
         except KubeError as exc:
             message = f"could not apply the Deployment/Service: {exc}"
             log.warning("%s/%s: %s", ns, name, message)
@@ -436,11 +409,7 @@ class Runtime:
             included_namespaces=self.config.namespaces,
             timeout_seconds=self.config.webhook_timeout_seconds,
         )
-        await self.kube.apply(
-            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
-            + self.config.webhook_config_name,
-            config,
-        )
+        await self.kube.apply_webhook_configuration(self.config.webhook_config_name, config)
         log.info("registered MutatingWebhookConfiguration %s", self.config.webhook_config_name)
 
     async def aclose(self) -> None:
