@@ -15,6 +15,7 @@ from typing import Any, cast
 import kopf
 
 from mcp_epoch_operator import kube as kube_mod
+from mcp_epoch_operator import reconcile
 from mcp_epoch_operator.config import OperatorConfig
 from mcp_epoch_operator.epochs import (
     EpochServiceClient,
@@ -153,14 +154,14 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         except EpochServiceUnavailable as exc:
             message = refusal_message(target, config.epoch_service_url, str(exc))
             rt.mark(*key)
-            rt.spawn(rt.event(key, "Warning", "EpochServiceUnreachable", message))
+            rt.events.post(key, "Warning", "EpochServiceUnreachable", message)
             raise kopf.AdmissionError(message, code=503) from None
         except EpochServiceError as exc:
             message = (
                 f"mcp-epoch: the epoch service refused to issue an epoch for "
                 f"{target.namespace}/{target.server}: {exc.message} ({exc.code})"
             )
-            rt.spawn(rt.event(key, "Warning", "EpochIssueFailed", message))
+            rt.events.post(key, "Warning", "EpochIssueFailed", message)
             raise kopf.AdmissionError(
                 message, code=exc.status if exc.status < 500 else 503
             ) from None
@@ -169,19 +170,17 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             lambda body: inject(cast(dict[str, Any], body), epoch, target.server, config.replica)
         )
         rt.mark(*key)
-        rt.spawn(
-            rt.event(
-                key,
-                "Normal",
-                "EpochIssued",
-                f"issued pod epoch {epoch} (generation {issued['generation']}) for a new pod "
-                f"of {target.namespace}/{target.server}",
-            )
+        rt.events.post(
+            key,
+            "Normal",
+            "EpochIssued",
+            f"issued pod epoch {epoch} (generation {issued['generation']}) for a new pod "
+            f"of {target.namespace}/{target.server}",
         )
 
     @kopf.on.event("v1", "pods", labels={SERVER_LABEL: kopf.PRESENT}, registry=registry)
     async def pod_changed(type: str | None, body: kopf.Body, **_: Any) -> None:
-        await runtime().pod_event(type or "ADDED", dict(body))
+        await reconcile.pod_event(runtime(), type or "ADDED", dict(body))
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def server_changed(type: str, name: str, namespace: str | None, **_: Any) -> None:

@@ -1,0 +1,151 @@
+"""What the operator does for one server: pod events move epochs at once, and a reconcile
+brings the owned objects, the ledger and the status in line.
+
+Plain functions of the :class:`~mcp_epoch_operator.runtime.Runtime` (its clients and what it
+remembers), so tests call them directly with fake clients.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from mcp_epoch.contract import ACTIVE_STATES
+from mcp_epoch_operator import lifecycle, resync, status
+from mcp_epoch_operator.epochs import (
+    BACKGROUND_POLICY,
+    PROBE_POLICY,
+    EpochServiceError,
+    EpochServiceUnavailable,
+)
+from mcp_epoch_operator.kube import KubeError
+from mcp_epoch_operator.names import SERVER_LABEL
+from mcp_epoch_operator.resources import build_deployment, build_service
+
+if TYPE_CHECKING:
+    from mcp_epoch_operator.runtime import Runtime
+
+log = logging.getLogger("mcp_epoch_operator")
+Key = tuple[str, str]
+
+
+async def pod_event(rt: Runtime, event_type: str, pod: dict[str, Any]) -> None:
+    """A watch event on a labelled pod: move its epoch, then refresh the server's status."""
+    meta = pod.get("metadata") or {}
+    server = (meta.get("labels") or {}).get(SERVER_LABEL)
+    if not server or not meta.get("namespace"):
+        return
+    key = (meta["namespace"], server)
+    uid = meta.get("uid", "")
+    ref, stage, calls = lifecycle.pod_event_calls(
+        event_type, pod, rt.done.get(uid), rt.addressed.get(uid)
+    )
+    if ref is not None and stage is not None and calls and await run_calls(rt, key, calls):
+        rt.done[uid] = max(stage, rt.done.get(uid, stage))
+        if ref.address:
+            rt.addressed[uid] = ref.address
+    if event_type == "DELETED":
+        rt.done.pop(uid, None)
+        rt.addressed.pop(uid, None)
+    rt.mark(*key)
+
+
+async def run_calls(rt: Runtime, key: Key, calls: list[lifecycle.Call]) -> bool:
+    """Make the calls in order; stop at the first failure (a failed bind means the epoch is
+    not this pod's, so nothing after it may run). True if all succeeded."""
+    for call in calls:
+        try:
+            await rt.svc_call(
+                lambda c=call: rt.svc.call(c.verb, c.epoch, c.pod_name, c.pod_uid, c.address)  # type: ignore[misc]
+            )
+        except EpochServiceUnavailable as exc:
+            log.warning(
+                "%s %s postponed, epoch service unavailable: %s", call.verb, call.epoch, exc
+            )
+            return False
+        except EpochServiceError as exc:
+            if call.verb == "drain" and exc.code == "illegal-transition":
+                continue  # already retired: the pod went away faster than we drained
+            log.warning(
+                "%s of epoch %s for pod %s failed: %s", call.verb, call.epoch, call.pod_name, exc
+            )
+            rt.events.post(
+                key,
+                "Warning",
+                "EpochLifecycleFailed",
+                f"could not {call.verb} epoch {call.epoch} of pod {call.pod_name}: "
+                f"{exc.message} ({exc.code})",
+            )
+            return False
+        if call.verb == "retire":
+            rt.events.retired(key, call.epoch, call.pod_name)
+    return True
+
+
+async def sync_server(rt: Runtime, key: Key, reapply: bool) -> None:
+    """Owned objects (if an McpServer), ledger vs pods, then status."""
+    ns, name = key
+    mcps = await rt.kube.get_mcpserver(ns, name)
+    problem: str | None = None
+    if mcps is not None and not mcps["metadata"].get("deletionTimestamp"):
+        stamp = (mcps["metadata"]["uid"], int(mcps["metadata"].get("generation") or 0))
+        if reapply or rt.applied.get(key) != stamp:
+            problem = await apply_owned(rt, key, mcps)
+            if problem is None:
+                rt.applied[key] = stamp
+
+    # The ledger first, the pods second: see resync.py for why the order matters.
+    ledger: list[dict[str, Any]] | None
+    try:
+        policy = BACKGROUND_POLICY if rt.reach.reachable else PROBE_POLICY
+        listing = await rt.svc_call(lambda: rt.svc.list_server(ns, name, policy))
+        ledger = list(listing["epochs"])
+    except (EpochServiceUnavailable, EpochServiceError) as exc:
+        log.info("ledger of %s/%s not readable: %s", ns, name, exc)
+        ledger = None
+    pods = await rt.kube.list_pods(ns, f"{SERVER_LABEL}={name}")
+    if ledger is not None:
+        plan = resync.plan_resync(ledger, pods)
+        if plan.calls:
+            log.info(
+                "resync %s/%s: %s", ns, name, ", ".join(f"{c.verb} {c.epoch}" for c in plan.calls)
+            )
+            await run_calls(rt, key, plan.calls)
+            listing = await rt.svc_call(lambda: rt.svc.list_server(ns, name))
+            ledger = list(listing["epochs"])
+        if plan.pending_without_pod:
+            log.debug(
+                "%s/%s: pending epochs without a pod (the service abandons them after its "
+                "pending timeout): %s",
+                ns,
+                name,
+                ", ".join(plan.pending_without_pod),
+            )
+    if mcps is None:
+        if ledger is not None and not pods and not any(e["state"] in ACTIVE_STATES for e in ledger):
+            # Nothing left to watch for: forget the server until it shows up again.
+            rt.forget(key)
+            await rt.servers.record(key, present=False)
+        return
+    deployment = await rt.kube.get_deployment(ns, name)
+    new_status = status.build_status(mcps, deployment, ledger, pods, rt.reach, problem=problem)
+    if new_status != (mcps.get("status") or {}):
+        try:
+            await rt.kube.patch_mcpserver_status(ns, name, new_status)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+
+async def apply_owned(rt: Runtime, key: Key, mcps: dict[str, Any]) -> str | None:
+    """Server-side apply the Deployment and the Service; a problem message on failure."""
+    ns, name = key
+    try:
+        await rt.kube.apply_deployment(ns, name, build_deployment(mcps, rt.config.replica))
+        await rt.kube.apply_service(ns, name, build_service(mcps))
+    except KubeError as exc:
+        message = f"could not apply the Deployment/Service: {exc}"
+        log.warning("%s/%s: %s", ns, name, message)
+        rt.events.post(key, "Warning", "ReconcileFailed", message)
+        return message
+    return None

@@ -1,0 +1,335 @@
+"""The reconciler in-process: :mod:`mcp_epoch_operator.reconcile` and the runtime's sweep, with
+a fake API server and a fake ledger (both in memory, recording every call), so each rule is
+checked without a cluster. The same code runs against the real control plane in
+test_operator_cluster.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from mcp_epoch_operator import reconcile
+from mcp_epoch_operator.config import OperatorConfig
+from mcp_epoch_operator.epochs import EpochServiceError, EpochServiceUnavailable
+from mcp_epoch_operator.kube import KubeError
+from mcp_epoch_operator.names import EPOCH_ANNOTATION, SERVER_LABEL
+from mcp_epoch_operator.resources import ReplicaDefaults
+from mcp_epoch_operator.runtime import Runtime
+
+NS = "team"
+
+
+class FakeKube:
+    """The calls the operator makes, answered from dicts; every write is recorded."""
+
+    def __init__(self) -> None:
+        self.pods: list[dict[str, Any]] = []
+        self.mcpservers: dict[tuple[str, str], dict[str, Any]] = {}
+        self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
+        self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.applied: list[tuple[str, str, str]] = []
+        self.statuses: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.selectors: list[str] = []
+        self.fail_apply = False
+
+    async def list_pods(self, namespace: str | None, label_selector: str) -> list[Any]:
+        self.selectors.append(label_selector)
+        key, _, value = label_selector.partition("=")
+        labels = [(p, (p["metadata"].get("labels") or {})) for p in self.pods]
+        return [
+            p
+            for p, lab in labels
+            if key in lab
+            and (not value or lab[key] == value)
+            and (namespace is None or p["metadata"]["namespace"] == namespace)
+        ]
+
+    async def list_mcpservers(self, namespace: str | None) -> list[Any]:
+        return [m for (ns, _), m in self.mcpservers.items() if namespace in (None, ns)]
+
+    async def get_mcpserver(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.mcpservers.get((namespace, name))
+
+    async def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.deployments.get((namespace, name))
+
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.configmaps.get((namespace, name))
+
+    async def patch_configmap(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        cm = self.configmaps.get((namespace, name))
+        if cm is None:
+            raise KubeError(404, {"message": "not found"})
+        data = cm.setdefault("data", {})
+        for k, v in patch["data"].items():
+            if v is None:
+                data.pop(k, None)
+            else:
+                data[k] = v
+
+    async def create_configmap(self, namespace: str, body: dict[str, Any]) -> None:
+        self.configmaps[(namespace, body["metadata"]["name"])] = body
+
+    async def apply_deployment(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        if self.fail_apply:
+            raise KubeError(422, {"message": "spec.template: Invalid value"})
+        self.applied.append(("Deployment", namespace, name))
+
+    async def apply_service(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self.applied.append(("Service", namespace, name))
+
+    async def patch_mcpserver_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        self.statuses.append(status)
+        self.mcpservers[(namespace, name)]["status"] = status
+
+    async def post_event(
+        self, involved: dict[str, Any], type_: str, reason: str, message: str
+    ) -> None:
+        self.events.append((type_, reason, message))
+
+    async def aclose(self) -> None:
+        pass
+
+
+class FakeLedger:
+    """The epoch service's answers for one namespace, from a list of epoch dicts."""
+
+    def __init__(self) -> None:
+        self.epochs: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.down = False
+
+    def add(self, server: str, generation: int, state: str, pod_uid: str | None = None) -> str:
+        epoch = f"abcd1234-{generation}"
+        self.epochs[epoch] = {
+            "epoch": epoch,
+            "generation": generation,
+            "namespace": NS,
+            "server": server,
+            "state": state,
+            "pod_name": None,
+            "pod_uid": pod_uid,
+            "incarnation": None,
+            "address": None,
+        }
+        return epoch
+
+    async def call(
+        self, verb: str, epoch: str, pod_name: str, pod_uid: str, address: str | None = None
+    ) -> dict[str, Any]:
+        if self.down:
+            raise EpochServiceUnavailable("connection refused")
+        self.calls.append((verb, epoch))
+        entry = self.epochs[epoch]
+        target = {"bind": "live", "drain": "draining", "retire": "retired"}[verb]
+        if verb == "drain" and entry["state"] == "retired":
+            raise EpochServiceError(409, "illegal-transition", "already retired")
+        entry.update(state=target)
+        if verb == "bind":
+            entry.update(pod_name=pod_name, pod_uid=pod_uid, address=address)
+        return entry
+
+    async def list_server(self, namespace: str, server: str, policy: Any = None) -> dict[str, Any]:
+        if self.down:
+            raise EpochServiceUnavailable("connection refused")
+        epochs = [e for e in self.epochs.values() if e["server"] == server]
+        return {"ledger_id": "abcd1234" * 4, "revision": 1, "epochs": epochs}
+
+    async def ready(self) -> dict[str, Any]:
+        if self.down:
+            raise EpochServiceUnavailable("connection refused")
+        return {"status": "ready"}
+
+    async def aclose(self) -> None:
+        pass
+
+
+def pod(name: str, server: str, epoch: str | None, *, ready: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "labels": {SERVER_LABEL: server},
+            "annotations": {EPOCH_ANNOTATION: epoch} if epoch else {},
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "10.0.0.9",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def mcpserver(name: str, generation: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "mcp.epochs.dev/v1alpha1",
+        "kind": "McpServer",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"mcps-{name}",
+            "generation": generation,
+        },
+        "spec": {"image": "registry.invalid/echo:1", "replicas": 1},
+    }
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[Runtime, FakeKube, FakeLedger]]:
+    kube, ledger = FakeKube(), FakeLedger()
+    config = OperatorConfig(
+        namespaces=None,
+        epoch_service_url="http://epochs.test:8080",
+        operator_token="t",
+        replica=ReplicaDefaults(service_url="http://epochs.test:8080"),
+        operator_namespace="mcp-epoch-system",
+    )
+    rt = Runtime(config, kube, ledger)  # type: ignore[arg-type]
+    yield rt, kube, ledger
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def settle(rt: Runtime) -> None:
+    """Let the fire-and-forget Events and ConfigMap writes finish."""
+    while rt.events.background:
+        await asyncio.gather(*rt.events.background)
+
+
+def test_an_mcpserver_is_applied_once_per_generation_and_gets_its_status(world: Any) -> None:
+    rt, kube, ledger = world
+    kube.mcpservers[(NS, "echo")] = mcpserver("echo")
+    epoch = ledger.add("echo", 1, "live", pod_uid="uid-echo-0")
+    kube.pods.append(pod("echo-0", "echo", epoch))
+
+    async def scenario() -> None:
+        await reconcile.sync_server(rt, (NS, "echo"), reapply=False)
+        await reconcile.sync_server(rt, (NS, "echo"), reapply=False)
+
+    run(scenario())
+    assert kube.applied == [("Deployment", NS, "echo"), ("Service", NS, "echo")]
+    assert len(kube.statuses) == 1  # the second pass found nothing to change
+    status = kube.statuses[0]
+    assert [e["epoch"] for e in status["epochs"]] == [epoch]
+    kube.mcpservers[(NS, "echo")]["metadata"]["generation"] = 2
+    run(reconcile.sync_server(rt, (NS, "echo"), reapply=False))
+    assert len(kube.applied) == 4
+
+
+def test_a_failed_apply_is_a_warning_event_and_a_status_problem(world: Any) -> None:
+    rt, kube, _ = world
+    kube.mcpservers[(NS, "echo")] = mcpserver("echo")
+    kube.fail_apply = True
+
+    async def scenario() -> None:
+        await reconcile.sync_server(rt, (NS, "echo"), reapply=False)
+        await settle(rt)
+
+    run(scenario())
+    assert [e[:2] for e in kube.events] == [("Warning", "ReconcileFailed")]
+    assert "Invalid value" in str(kube.statuses[-1])
+    assert (NS, "echo") not in rt.applied  # retried at the next reconcile
+
+
+def test_resync_retires_an_epoch_whose_pod_is_gone_and_announces_it_once(world: Any) -> None:
+    rt, kube, ledger = world
+    gone = ledger.add("plain", 1, "live", pod_uid="uid-vanished")
+    kube.deployments[(NS, "plain")] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "plain", "namespace": NS},
+    }
+
+    async def scenario() -> None:
+        await reconcile.sync_server(rt, (NS, "plain"), reapply=False)
+        await reconcile.run_calls(rt, (NS, "plain"), [])  # nothing more to do
+        await settle(rt)
+
+    run(scenario())
+    assert ledger.calls == [("retire", gone)]
+    assert [e[1] for e in kube.events] == ["EpochRetired"]
+    # A second retirement of the same epoch (the watch also saw the pod go) is not announced.
+    rt.events.retired((NS, "plain"), gone, "p")
+    run(settle(rt))
+    assert [e[1] for e in kube.events] == ["EpochRetired"]
+
+
+def test_a_server_with_nothing_left_is_forgotten(world: Any) -> None:
+    rt, kube, ledger = world
+    ledger.add("old", 1, "retired")
+    kube.configmaps[("mcp-epoch-system", "mcp-epoch-operator-servers")] = {
+        "metadata": {"name": "mcp-epoch-operator-servers"},
+        "data": {f"{NS}.old": ""},
+    }
+
+    async def scenario() -> None:
+        rt.mark(NS, "old")
+        await settle(rt)
+        await reconcile.sync_server(rt, (NS, "old"), reapply=False)
+
+    run(scenario())
+    assert (NS, "old") not in rt.known
+    cm = kube.configmaps[("mcp-epoch-system", "mcp-epoch-operator-servers")]
+    assert f"{NS}.old" not in cm["data"]
+
+
+def test_an_unreachable_service_postpones_the_calls_and_shows_in_the_status(world: Any) -> None:
+    rt, kube, ledger = world
+    kube.mcpservers[(NS, "echo")] = mcpserver("echo")
+    epoch = ledger.add("echo", 1, "pending")
+    kube.pods.append(pod("echo-0", "echo", epoch))
+    ledger.down = True
+    run(reconcile.pod_event(rt, "ADDED", kube.pods[0]))
+    assert ledger.calls == [] and not rt.reach.reachable
+    run(reconcile.sync_server(rt, (NS, "echo"), reapply=False))
+    conditions = {c["type"]: c["status"] for c in kube.statuses[-1]["conditions"]}
+    assert conditions["EpochServiceReachable"] == "False"
+    ledger.down = False
+    run(reconcile.pod_event(rt, "MODIFIED", kube.pods[0]))
+    assert ledger.calls == [("bind", epoch)] and rt.reach.reachable
+    assert ledger.epochs[epoch]["state"] == "live"
+
+
+def test_the_sweep_lists_labelled_objects_only_and_finds_recorded_servers(world: Any) -> None:
+    rt, kube, _ = world
+    kube.pods.append(pod("a-0", "a", None))
+    kube.pods.append({"metadata": {"name": "unrelated", "namespace": NS, "uid": "u"}})
+    kube.mcpservers[(NS, "b")] = mcpserver("b")
+    kube.configmaps[("mcp-epoch-system", "mcp-epoch-operator-servers")] = {
+        "metadata": {"name": "mcp-epoch-operator-servers"},
+        "data": {f"{NS}.c": ""},
+    }
+
+    async def scenario() -> None:
+        await rt.sweep()
+        await settle(rt)
+
+    run(scenario())
+    assert rt.known == {(NS, "a"), (NS, "b"), (NS, "c")}
+    assert set(rt.dirty) == rt.known
+    assert kube.selectors == [SERVER_LABEL]  # the API server filters; nothing unlabelled
+    cm = kube.configmaps[("mcp-epoch-system", "mcp-epoch-operator-servers")]
+    assert set(cm["data"]) == {f"{NS}.a", f"{NS}.b", f"{NS}.c"}
+
+
+def test_warnings_about_one_server_are_not_repeated_within_the_interval(world: Any) -> None:
+    rt, kube, _ = world
+    kube.mcpservers[(NS, "echo")] = mcpserver("echo")
+
+    async def scenario() -> None:
+        for _ in range(5):
+            rt.events.post((NS, "echo"), "Warning", "EpochIssueFailed", "refused")
+            await settle(rt)
+        rt.events.post((NS, "echo"), "Warning", "OtherReason", "refused")
+        await settle(rt)
+
+    run(scenario())
+    assert [e[1] for e in kube.events] == ["EpochIssueFailed", "OtherReason"]
