@@ -1,4 +1,4 @@
-"""`python -m bench [service|replica|forward] [options]`: run one benchmark, or all of them."""
+"""`python -m bench [service|replica|forward|longpoll] [options]`: run one benchmark, or all."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ BENCHES = {
     "service": "bench.service_bench",
     "replica": "bench.replica_bench",
     "forward": "bench.forward_bench",
+    "longpoll": "bench.longpoll_bench",
 }
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SOURCE = Path(__file__).parent / "loadgen"
 
@@ -59,3 +60,30 @@ def run(
         argv.append(f"-token={token}")
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return Load(**json.loads(out))
+
+
+def run_longpoll(
+    poll_url: str,
+    *,
+    waiters: int,
+    trigger_url: str,
+    trigger_body: str,
+    health_url: str,
+    metrics_url: str,
+    token: str,
+) -> dict[str, Any]:
+    """Hold ``waiters`` long polls, change the server once, report wake-up and /healthz."""
+    argv = [
+        str(binary()),
+        "-mode=longpoll",
+        f"-urls={poll_url}",
+        f"-waiters={waiters}",
+        f"-trigger={trigger_url}",
+        f"-body={trigger_body}",
+        f"-health={health_url}",
+        f"-metrics={metrics_url}",
+        f"-token={token}",
+    ]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=600).stdout
+    result: dict[str, Any] = json.loads(out)
+    return result

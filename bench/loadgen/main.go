@@ -37,7 +37,16 @@ func main() {
 	duration := flag.Duration("d", 3*time.Second, "how long to run")
 	want := flag.Int("status", 0, "expected status (0: any 2xx)")
 	prefix := flag.String("prefix", strconv.FormatInt(time.Now().UnixNano(), 36), "unique prefix for {n}")
+	mode := flag.String("mode", "load", "load (closed-loop clients) or longpoll")
+	waiters := flag.Int("waiters", 1000, "longpoll: long polls held at once")
+	trigger := flag.String("trigger", "", "longpoll: URL POSTed (with -body) to change the server")
+	health := flag.String("health", "", "longpoll: URL probed meanwhile")
+	metrics := flag.String("metrics", "", "longpoll: the service's /metrics (waiters held)")
 	flag.Parse()
+	if *mode == "longpoll" {
+		runLongpoll(*urls, *trigger, *body, *health, *metrics, *token, *waiters)
+		return
+	}
 	targets := strings.Split(*urls, ",")
 
 	transport := &http.Transport{MaxIdleConnsPerHost: *clients * 2, MaxConnsPerHost: *clients * 2}

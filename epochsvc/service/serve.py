@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import resource
 import socket
 import sys
 from types import FrameType
@@ -38,6 +40,23 @@ class _AnnouncingServer(uvicorn.Server):
         if self._loop is not None and self.notifier is not None:
             self._loop.call_soon_threadsafe(self.notifier.close)
         super().handle_exit(sig, frame)
+
+
+LISTEN_BACKLOG = 4096
+#: Descriptors kept for the ledger, logs and the process's own use.
+RESERVED_FILES = 64
+
+
+def raise_open_files_limit() -> int:
+    """Every held long poll is a connection: take the open-file limit up to its hard limit
+    (allowed without privileges) and return the limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 1 << 20)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def serve(host: str, port: int, log_level: str | None = None) -> int:
@@ -80,6 +99,7 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
             flush=True,
         )
     app = create_app(settings, auth, store)
+    open_files = raise_open_files_limit()
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -87,12 +107,16 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
         access_log=level == "debug",
         timeout_graceful_shutdown=5,
         http=bounded(settings.max_header_bytes),
+        # Thousands of replicas reconnect their long polls at once after a restart.
+        backlog=LISTEN_BACKLOG,
     )
     server = _AnnouncingServer(config)
     server.notifier = app.state.notifier
     server.announce = (
         f"epoch service listening on http://{url_host}:{bound_port} "
-        f"(ledger {store.ledger_id[:8]} in {describe_url(settings.database_url)})"
+        f"(ledger {store.ledger_id[:8]} in {describe_url(settings.database_url)}); "
+        f"room for about {max(0, open_files - RESERVED_FILES)} connections at once, long "
+        f"polls included (open-file limit {open_files})"
     )
     server.run(sockets=[sock])
     return 0 if server.started else 1

@@ -55,7 +55,7 @@ async def issue_epoch(
     (200 instead of 201)."""
     record, created = await store.issue(body.namespace, body.server, body.request_uid)
     if created:
-        notifier.notify()
+        notifier.notify_server(record.namespace, record.server)
         metrics.issued.labels(body.namespace, body.server).inc()
     else:
         response.status_code = status.HTTP_200_OK
@@ -76,7 +76,8 @@ async def _transition(
         pod_uid=body.pod_uid if body else None,
         address=body.address if body else None,
     )
-    notifier.notify()  # a no-op wakes waiters that simply go back to waiting
+    # After a no-op write its waiters find nothing newer and simply wait on.
+    notifier.notify_server(record.namespace, record.server)
     return Epoch.of(record)
 
 
@@ -125,7 +126,7 @@ async def register_incarnation(
         pod_name=body.pod_name if body else None,
         owner_only=not caller.is_operator,
     )
-    notifier.notify()
+    notifier.notify_server(record.namespace, record.server)
     assert record.incarnation is not None and record.process_epoch is not None
     return Incarnation(
         process_epoch=record.process_epoch,

@@ -64,7 +64,15 @@ class EpochStore(abc.ABC):
     ledger_id: str
     # Called (on the event loop) when changes made by *another* process arrive, so that long
     # polls wake without polling the database.
-    on_change: Callable[[], None] | None = None
+    #: Told of changes this process did not make (another service process's writes): the
+    #: servers they touched, or None when that is not known (a reload of the whole copy).
+    on_change: Callable[[set[tuple[str, str]] | None], None] | None = None
+
+    @property
+    def follows_changes(self) -> bool:
+        """True while every change reaches ``on_change`` or is this process's own, so a
+        reader waiting for a change need not poll."""
+        return False
 
     @property
     def ledger8(self) -> str:
