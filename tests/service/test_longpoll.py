@@ -1,5 +1,4 @@
-"""The long-poll notifier in-process: waiters are woken per server, by notifications, and do
-not poll while the store follows every change."""
+"""The long-poll notifier in-process: waiters are woken per server by notifications."""
 
 from __future__ import annotations
 
@@ -11,14 +10,9 @@ from epochsvc.service.longpoll import ChangeNotifier
 class CountingStore:
     """``server_revision`` from a dict, counting the reads (each read is a waiter's pass)."""
 
-    def __init__(self, follows: bool) -> None:
+    def __init__(self) -> None:
         self.revisions: dict[tuple[str, str], int] = {}
         self.reads = 0
-        self._follows = follows
-
-    @property
-    def follows_changes(self) -> bool:
-        return self._follows
 
     async def server_revision(self, namespace: str, server: str) -> tuple[int, int]:
         self.reads += 1
@@ -34,7 +28,7 @@ async def _yield_to_waiters() -> None:
 
 def test_a_change_wakes_only_its_own_servers_waiters() -> None:
     async def scenario() -> None:
-        store, notifier = CountingStore(follows=True), ChangeNotifier()
+        store, notifier = CountingStore(), ChangeNotifier()
         a = [
             asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 0, 60, 1))  # type: ignore[arg-type]
             for _ in range(50)
@@ -56,16 +50,6 @@ def test_a_change_wakes_only_its_own_servers_waiters() -> None:
     asyncio.run(scenario())
 
 
-def test_while_the_store_follows_every_change_a_waiter_does_not_poll() -> None:
-    async def wait_out(follows: bool) -> int:
-        store, notifier = CountingStore(follows=follows), ChangeNotifier()
-        await notifier.wait_for_change(store, "ns", "a", 0, 0.3, 0.02)  # type: ignore[arg-type]
-        return store.reads
-
-    assert asyncio.run(wait_out(follows=True)) == 1  # one read, then asleep until the end
-    assert asyncio.run(wait_out(follows=False)) > 2  # the store may miss changes: re-read
-
-
 def test_a_change_between_the_read_and_the_wait_is_not_missed() -> None:
     """The event is taken before the revision is read: a notify that lands in between
     (while the read is in progress) still wakes the waiter."""
@@ -81,7 +65,7 @@ def test_a_change_between_the_read_and_the_wait_is_not_missed() -> None:
     notifier = ChangeNotifier()
 
     async def scenario() -> None:
-        store = Racing(follows=True)
+        store = Racing()
         await asyncio.wait_for(notifier.wait_for_change(store, "ns", "a", 0, 60, 60), 5)  # type: ignore[arg-type]
         assert store.reads == 2
 
@@ -90,7 +74,7 @@ def test_a_change_between_the_read_and_the_wait_is_not_missed() -> None:
 
 def test_close_answers_every_waiter_at_once() -> None:
     async def scenario() -> None:
-        store, notifier = CountingStore(follows=True), ChangeNotifier()
+        store, notifier = CountingStore(), ChangeNotifier()
         tasks = [
             asyncio.create_task(notifier.wait_for_change(store, "ns", s, 0, 60, 60))  # type: ignore[arg-type]
             for s in ("a", "b", "c")

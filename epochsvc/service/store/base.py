@@ -69,12 +69,6 @@ class EpochStore(abc.ABC):
     on_change: Callable[[set[tuple[str, str]] | None], None] | None = None
 
     @property
-    def follows_changes(self) -> bool:
-        """True while every change reaches ``on_change`` or is this process's own, so a
-        reader waiting for a change need not poll."""
-        return False
-
-    @property
     def ledger8(self) -> str:
         return self.ledger_id[:8]
 

@@ -170,11 +170,6 @@ class SqlEpochStore(EpochStore):
         if changed and self.on_change is not None:
             self.on_change(None if full else {(r.namespace, r.server) for r in records})
 
-    @property
-    def follows_changes(self) -> bool:
-        """SQLite: this process is the only writer. PostgreSQL: while the follower is in sync."""
-        return self.dialect == "sqlite" or (self._follower is not None and self._mirror.synced)
-
     def _lost(self) -> None:
         """From the follower's thread: the copy may be behind until it has caught up."""
         assert self._loop is not None
