@@ -113,7 +113,7 @@ async def test_postgres_a_second_process_writes_reach_this_copy(postgres: object
     url = postgres.new_database()  # type: ignore[attr-defined]
     here, there = await open_store(url), await open_store(url)
     changed = asyncio.Event()
-    here.on_change = changed.set
+    here.on_change = lambda _servers: changed.set()
     try:
         await here.attach()
         await there.attach()
