@@ -67,6 +67,27 @@ class Helm:
         return parse_manifests(self.run(*args))
 
 
+def ledger_volume(
+    name: str, host_path: str, claim: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """A hostPath PersistentVolume for the ledger's claim (no provisioner runs here);
+    ``claim`` (namespace, name) reserves it for that claim."""
+    spec: dict[str, Any] = {
+        "capacity": {"storage": "1Gi"},
+        "accessModes": ["ReadWriteOnce"],
+        "persistentVolumeReclaimPolicy": "Retain",
+        "hostPath": {"path": host_path},
+    }
+    if claim is not None:
+        spec["claimRef"] = {"namespace": claim[0], "name": claim[1]}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
 def parse_manifests(text: str) -> list[dict[str, Any]]:
     """Every non-empty YAML document of a rendered stream."""
     return [doc for doc in yaml.safe_load_all(text) if doc]

@@ -35,6 +35,7 @@ from tests.charts.support import (
     ChartOperator,
     Helm,
     ServiceAccountView,
+    ledger_volume,
     localize_operator_args,
     parse_manifests,
     serviceaccount_kubeconfig,
@@ -219,20 +220,7 @@ def installed(k8s_cluster: Cluster, cluster_helm: Helm) -> Iterator[Release]:
     """
     make_namespace(k8s_cluster, NS)
     make_namespace(k8s_cluster, SERVERS_NS)
-    apply(
-        k8s_cluster,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": PV_NAME},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": "/tmp/mcp-epoch-chart-ledger"},
-            },
-        },
-    )
+    apply(k8s_cluster, ledger_volume(PV_NAME, "/tmp/mcp-epoch-chart-ledger"))
     notes = cluster_helm.run(
         "install",
         RELEASE,

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.charts.support import CHART, Helm
+from tests.charts.support import CHART, Helm, ledger_volume
 from tests.cluster.harness import Cluster
 from tests.image.netns import NodeNetwork
 from tests.image.node import TAINT_KEY, ImageNode
@@ -83,21 +83,9 @@ def _placement(component: str) -> list[str]:
 def release(k8s_cluster: Cluster, cluster_helm: Helm, image_node: ImageNode) -> Iterator[None]:
     make_namespace(k8s_cluster, NS)
     make_namespace(k8s_cluster, SERVERS_NS)
-    apply(
-        k8s_cluster,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": PV_NAME},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Delete",
-                "claimRef": {"namespace": NS, "name": f"{RELEASE}-ledger"},
-                "hostPath": {"path": "/var/lib/mcp-epoch-image-test"},  # the node's claims dir
-            },
-        },
-    )
+    # The node's claims directory stands for the volume; the path here is never used.
+    claim = (NS, f"{RELEASE}-ledger")
+    apply(k8s_cluster, ledger_volume(PV_NAME, "/var/lib/mcp-epoch-image-test", claim))
     repository, tag = image_node.image.image.removeprefix("localhost/").split(":")
     cluster_helm.run(
         "install",
