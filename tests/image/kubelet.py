@@ -118,18 +118,16 @@ def prepare_volumes(pod: Pod, root: Path, sources: VolumeSources) -> dict[str, P
         target.mkdir(parents=True)
         if "emptyDir" in volume:
             target.chmod(0o777)
-        elif "secret" in volume:
-            ref = volume["secret"]
-            data = sources.secret(str(ref["secretName"]))
+        elif "secret" in volume or "configMap" in volume:
+            field, kind, key, fetch = (
+                ("secret", "Secret", "secretName", sources.secret)
+                if "secret" in volume
+                else ("configMap", "ConfigMap", "name", sources.config_map)
+            )
+            ref = volume[field]
+            data = fetch(str(ref[key]))
             if data is None:
-                raise PodEnvError(f"volume {name}: Secret {ref['secretName']!r} not found")
-            mode = int(ref.get("defaultMode", 0o644))
-            _write_files(target, _items(data, ref.get("items")), mode, fs_group)
-        elif "configMap" in volume:
-            ref = volume["configMap"]
-            data = sources.config_map(str(ref["name"]))
-            if data is None:
-                raise PodEnvError(f"volume {name}: ConfigMap {ref['name']!r} not found")
+                raise PodEnvError(f"volume {name}: {kind} {ref[key]!r} not found")
             mode = int(ref.get("defaultMode", 0o644))
             _write_files(target, _items(data, ref.get("items")), mode, fs_group)
         elif "projected" in volume:

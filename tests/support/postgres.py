@@ -102,51 +102,22 @@ class PostgresServer:
         except OSError:
             return "(no log)"
 
+    def _psql(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``psql`` as the superuser on this server (quiet), with ``args``."""
+        base = [_bin("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-q"]
+        return subprocess.run([*base, *args], capture_output=True, text=True)
+
     def new_database(self) -> str:
         """A fresh, empty database; returns its URL."""
         self._dbs += 1
         name = f"ledger{self._dbs}"
-        subprocess.run(
-            [
-                _bin("psql"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
-                "-q",
-                "-c",
-                f"CREATE DATABASE {name}",
-            ],
-            check=True,
-            capture_output=True,
-        )
+        self._psql("-c", f"CREATE DATABASE {name}").check_returncode()
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
 
     def load(self, url: str, dump: Path) -> None:
         """Run a SQL dump (``pg_dump``'s plain format) into the database at ``url``."""
         database = url.rsplit("/", 1)[1]
-        done = subprocess.run(
-            [
-                _bin("psql"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-d",
-                database,
-                "-f",
-                str(dump),
-            ],
-            capture_output=True,
-            text=True,
-        )
+        done = self._psql("-v", "ON_ERROR_STOP=1", "-d", database, "-f", str(dump))
         if done.returncode != 0:
             raise RuntimeError(f"psql -f {dump} failed: {done.stderr.strip()}")
 
