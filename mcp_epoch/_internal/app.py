@@ -115,32 +115,45 @@ class EpochSafeApp:
         """Requests this process handed to their owners so far."""
         return self._guard.forwarder.forwarded
 
-    async def drain(self, deadline: float | None = None) -> DrainResult:
+    async def drain(
+        self, deadline: float | None = None, *, stop_accepting: Callable[[], None] | None = None
+    ) -> DrainResult:
         """Take no new sessions or calls, and wait until the calls in flight are delivered.
 
         ``deadline`` defaults to ``MCP_EPOCH_DRAIN_SECONDS``. New sessions go to a live peer
         (or are served here when there is none); new calls on this process's sessions are
-        rejected before they start, so clients move to a fresh session. Returns what was
+        rejected before they start, so clients move to a fresh session. Requests this process
+        forwards count as in flight until their relay ends. Once nothing is in flight,
+        ``stop_accepting()`` (the server closing its listener) runs and the drain waits again
+        for what arrived in between, so nothing accepted is cut at exit. Returns what was
         left in flight at the deadline (0 after a clean drain).
         """
         limit = self.config.drain_seconds if deadline is None else deadline
         self._guard.draining = True
         began = time.monotonic()
-        waiting = len(self.inflight)
-        log.info("draining: %d calls in flight, at most %.0fs", waiting, limit)
+        waiting, relays = len(self.inflight), self.inflight.relays
+        log.info(
+            "draining: %d calls and %d forwarded requests in flight, at most %.0fs",
+            waiting - relays,
+            relays,
+            limit,
+        )
         with anyio.move_on_after(limit):
             await self.inflight.wait_idle()
+            if stop_accepting is not None:
+                stop_accepting()
+                await self.inflight.wait_idle()
         result = DrainResult(waiting, len(self.inflight), time.monotonic() - began)
         self.last_drain = result
         if result.abandoned:
             log.warning(
-                "drain deadline of %.0fs passed with %d calls in flight (id, answered): %s",
+                "drain deadline of %.0fs passed with %d requests in flight (id, answered): %s",
                 limit,
                 result.abandoned,
                 self.inflight.pending()[:10],
             )
         else:
-            log.info("drained in %.2fs (%d calls finished)", result.seconds, waiting)
+            log.info("drained in %.2fs (%d in flight at the start)", result.seconds, waiting)
         return result
 
     def _closing_when_draining(self, send: Send) -> Send:

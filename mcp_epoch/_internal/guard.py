@@ -15,6 +15,7 @@ This module does not import ``mcp``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -205,9 +206,20 @@ class ResumptionGuard:
         await send_rejection(send, reason, f"the session's process {owner} is not here")
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, route: Route) -> bool:
-        """True when the owner answered (the answer went to the client); False: unreachable."""
+        """True when the owner answered (the answer went to the client); False: unreachable.
+
+        A forwarded POST counts as in flight for this process's drain until its relay ends
+        (its length is the owner's answer). A GET is a stream of unbounded length: a drain
+        does not wait for it, and a client cut off resumes it elsewhere from its cursor.
+        """
+        relay = (
+            self.inflight.relaying(str(route.epoch))
+            if scope.get("method") == "POST"
+            else contextlib.nullcontext()
+        )
         try:
-            await self.forwarder.forward(scope, receive, send, route)
+            with relay:
+                await self.forwarder.forward(scope, receive, send, route)
         except OwnerUnreachable as exc:
             log.warning("owner unreachable, rejecting instead: %s", exc)
             return False

@@ -6,6 +6,11 @@ sent on a stream that ended cleanly, the POST's own or a resumed GET of the same
 whose client was cut off after its answer was stored therefore still counts until the client
 comes back for it, so a draining process does not exit with an answer nobody has heard.
 A cancelled request (``notifications/cancelled``) or a deleted session is no longer waited for.
+
+A POST this process forwards to another (a call on a peer's session, a new session sent to a
+live peer) is in flight too, until its relay ends: a draining process that exits mid-relay cuts
+the client off from an owner that is still alive, often before the first event, when the client
+has no cursor to resume from and cannot know whether the call ran.
 Everything here runs on the server's event loop; nothing blocks.
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -25,20 +31,43 @@ class InFlight:
 
     def __init__(self) -> None:
         self._calls: dict[Call, bool] = {}  # call -> answered
+        self._relays: dict[object, str] = {}  # relay -> the process it goes to
         self._idle: anyio.Event | None = None  # made on the event loop, by the first call
         self.delivered = 0
 
     def __len__(self) -> int:
-        return len(self._calls)
+        return len(self._calls) + len(self._relays)
+
+    @property
+    def relays(self) -> int:
+        """Forwarded requests whose relay has not ended."""
+        return len(self._relays)
 
     def pending(self) -> list[tuple[str, bool]]:
-        """``(request id, answered)`` of every call still waited for (for the drain's log)."""
-        return [(rid, answered) for (_tag, rid), answered in self._calls.items()]
+        """``(request id, answered)`` of every call still waited for, then ``("relay to
+        <epoch>", False)`` per forwarded request (for the drain's log)."""
+        calls = [(rid, answered) for (_tag, rid), answered in self._calls.items()]
+        return calls + [(f"relay to {to}", False) for to in self._relays.values()]
 
-    def started(self, call: Call) -> None:
+    def _busy(self) -> None:
         if self._idle is None or self._idle.is_set():
             self._idle = anyio.Event()
+
+    def started(self, call: Call) -> None:
+        self._busy()
         self._calls.setdefault(call, False)
+
+    @contextmanager
+    def relaying(self, to: str) -> Iterator[None]:
+        """Count a forwarded request as in flight while its relay runs."""
+        token = object()
+        self._busy()
+        self._relays[token] = to
+        try:
+            yield
+        finally:
+            del self._relays[token]
+            self._settle()
 
     def answered(self, call: Call) -> None:
         if call in self._calls:
@@ -64,11 +93,14 @@ class InFlight:
     def _finish(self, call: Call, *, count: bool = True) -> None:
         if self._calls.pop(call, None) is not None and count:
             self.delivered += 1
-        if not self._calls and self._idle is not None:
+        self._settle()
+
+    def _settle(self) -> None:
+        if not self._calls and not self._relays and self._idle is not None:
             self._idle.set()
 
     async def wait_idle(self) -> None:
-        while self._calls and self._idle is not None:
+        while len(self) and self._idle is not None:
             await self._idle.wait()
 
 

@@ -2,8 +2,9 @@
 
 Plain uvicorn stops listening the moment SIGTERM arrives, and then its other replicas can no
 longer forward this process's sessions to it. Here SIGTERM (or Ctrl-C) starts
-:meth:`EpochSafeApp.drain` and the server keeps listening until the calls in flight are
-delivered or the drain deadline passes; only then does uvicorn shut down. A second signal
+:meth:`EpochSafeApp.drain` and the server keeps listening until the calls in flight (and the
+requests it forwards) are delivered or the drain deadline passes; then it stops accepting,
+waits for what it accepted meanwhile, and only then does uvicorn shut down. A second signal
 exits at once. This module imports ``uvicorn`` (a dependency of the MCP SDK).
 """
 
@@ -59,9 +60,18 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         try:
-            await self.epoch_app.drain()
+            await self.epoch_app.drain(stop_accepting=self._stop_accepting)
         finally:
             self.should_exit = True
+
+    def _stop_accepting(self) -> None:
+        """Close the listener and every idle connection, as uvicorn's own shutdown does first,
+        but before the drain's last wait: whatever was accepted until now is then waited for,
+        and nothing can arrive after it (busy connections close after their answer)."""
+        for server in self.servers:
+            server.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
 
 
 def serve(

@@ -176,6 +176,31 @@ def test_a_draining_owner_finishes_its_calls_refuses_new_ones_and_exits(
     assert time.monotonic() - began < 10
 
 
+def test_a_draining_process_relays_a_forwarded_call_to_its_end_before_it_exits(
+    pair: tuple[Replica, Replica], http: httpx.Client
+) -> None:
+    a, b = pair
+    s = RawSession(b.url, http).initialize()  # B owns the session; A only relays its call
+    steps = 20
+    params = {
+        "name": "countdown",
+        "arguments": {"n": steps, "delay": 0.1},
+        "_meta": {"progressToken": "relayed"},
+    }
+    body = {"jsonrpc": "2.0", "id": 70, "method": "tools/call", "params": params}
+    with http.stream("POST", a.url, json=body, headers=s.headers()) as call:
+        assert call.headers.get(FORWARDED_BY_HEADER) == b.srv.epoch
+        lines = call.iter_lines()
+        first = next(line for line in lines if line.startswith("data:") and "progress" in line)
+        # A has no call of its own in flight: only the relay keeps it from exiting now.
+        a.srv.proc.send_signal(signal.SIGTERM)
+        rest = [first, *lines]
+    events = parse_sse(rest)
+    assert progress_of(events) == list(range(1, steps + 1))
+    assert any('"result"' in e.data for e in events)
+    assert a.srv.proc.wait(10) == 0
+
+
 def test_the_drain_deadline_bounds_a_call_that_does_not_end(
     epoch_service: EpochServiceProcess, http: httpx.Client
 ) -> None:

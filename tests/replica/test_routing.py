@@ -106,3 +106,24 @@ def test_a_call_is_in_flight_until_a_chunk_follows_its_answer() -> None:
         assert len(inflight) == 0 and inflight.delivered == 1
 
     anyio.run(main)
+
+
+def test_a_relay_is_in_flight_until_it_ends_even_when_it_fails() -> None:
+    async def main() -> None:
+        inflight = InFlight()
+        tag = object()
+        inflight.started((tag, "1"))
+        with pytest.raises(RuntimeError), inflight.relaying("peer-1.0"):
+            inflight.answered((tag, "1"))
+            inflight.sent_after((tag, "1"))  # this process's own call is delivered ...
+            assert len(inflight) == 1 and inflight.relays == 1  # ... the relay is not
+            assert inflight.pending() == [("relay to peer-1.0", False)]
+            with anyio.move_on_after(0.05) as waited:
+                await inflight.wait_idle()
+            assert waited.cancelled_caught  # still busy while the relay runs
+            raise RuntimeError("the owner went away mid-relay")
+        assert len(inflight) == 0 and inflight.relays == 0
+        await inflight.wait_idle()  # returns at once: nothing is in flight
+        assert inflight.delivered == 1  # a relay is not a delivered call of this process
+
+    anyio.run(main)
