@@ -80,6 +80,10 @@ class CallCheck:
     missing: int = 0
     outcome: Outcome = "pending"
     refused: bool = False  # the server answered the call's own POST with 404: it never ran
+    #: A drop cut this client's connections while the call was pending and before any event
+    #: of it arrived (its first POST or the retry after a refusal). Set by the scenario's
+    #: chaos, which knows what it cut.
+    dropped_early: bool = False
     error: str = ""  # what the client was told when the call failed
     reconnects: list[Reconnect] = field(default_factory=list)
     _open: Reconnect | None = None
@@ -139,17 +143,22 @@ class CallCheck:
 
     @property
     def cut_before_first_event(self) -> bool:
-        """Failed because its connection was cut before the first event arrived: no cursor to
-        resume from, and no way for the client to know whether the server got the call, so
-        no client may retry it. Random drops cause these, with or without a deploy."""
+        """Failed because a drop cut its connection before the first event arrived: no cursor
+        to resume from, and no way for the client to know whether the server got the call, so
+        no client may retry it. Random drops cause these, with or without a deploy. Only a
+        drop the scenario made counts; a connection a replica broke is never excused."""
         return (
             self.outcome == "failed"
-            and not self.refused
+            and self.dropped_early
             and not self.reconnects
             and self.last_step == 0
             and self.last_ask == 0
-            and "Connection closed" in self.error
         )
+
+    def drop_hit(self) -> None:
+        """A drop cut connections of this client while this call was pending."""
+        if self.outcome == "pending" and self.last_step == 0 and self.last_ask == 0:
+            self.dropped_early = True
 
     def finish(self, outcome: Outcome) -> None:
         """The call ended. Only a completed call must have seen everything; a rejected or
@@ -218,7 +227,9 @@ class Tally:
         self.rejected_calls += c.outcome == "rejected"
         self.failed_calls += c.outcome == "failed"
         self.hung += c.outcome in ("hung", "pending")
-        self.refused_calls += c.outcome != "completed" and c.refused
+        self.refused_calls += (
+            c.outcome != "completed" and c.refused and not c.cut_before_first_event
+        )
         self.cut_before_first_event += c.cut_before_first_event
         self.lost_in_flight += (
             c.outcome in ("failed", "rejected") and not c.refused and not c.cut_before_first_event

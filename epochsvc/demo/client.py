@@ -100,6 +100,11 @@ class DemoClient(abc.ABC):
             self._current.accept(message, "ask")
         return types.ElicitResult(action="accept", content={"token": message})
 
+    def dropped(self) -> None:
+        """The network cut connections of this client (the scenario's drop)."""
+        if self._current is not None:
+            self._current.drop_hit()
+
     def observe(self, session: int, response: httpx2.Response) -> None:
         """Every HTTP response of this client: find the call's stream and its reconnects.
 

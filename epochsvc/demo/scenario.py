@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from epochsvc.demo.checker import CallCheck, Tally
-from epochsvc.demo.client import CallShape, ClientResult, drop_schedule, make_client
+from epochsvc.demo.client import (
+    CallShape,
+    ClientResult,
+    DemoClient,
+    drop_schedule,
+    make_client,
+)
 from epochsvc.demo.fleet import FleetDriver, Kind, LocalProcessFleet, Replica
 from epochsvc.demo.proxy import Balancer, Policy
 from epochsvc.demo.service import EpochService
@@ -188,7 +194,7 @@ async def run_fleet(
             await asyncio.sleep(0.02)
         t0 = time.monotonic()
         log(f"  {cfg.clients} clients running; random drops every ~{cfg.drop_every:g}s per client")
-        chaos = asyncio.create_task(_chaos(lb, clients_names(clients), cfg, t0))
+        chaos = asyncio.create_task(_chaos(lb, clients, cfg, t0))
         await asyncio.sleep(max(0.0, t0 + cfg.warm - time.monotonic()))
         if cfg.deploy:
             log("  rolling deploy: replacing every replica, one at a time")
@@ -229,21 +235,20 @@ def _dump(path: Path, results: list[ClientResult], errors: list[str]) -> None:
             out.write(json.dumps({"error": e}) + "\n")
 
 
-def clients_names(clients: list[Any]) -> list[str]:
-    return [str(c.name) for c in clients]
-
-
-async def _chaos(lb: Balancer, names: list[str], cfg: ScenarioConfig, t0: float) -> None:
-    """Cut each client's connections at its own random moments (seeded per client)."""
-    events: list[tuple[float, str]] = []
+async def _chaos(lb: Balancer, clients: list[DemoClient], cfg: ScenarioConfig, t0: float) -> None:
+    """Cut each client's connections at its own random moments (seeded per client), and tell
+    the client when that cut any (so its checker knows which failures a drop caused: the SDK
+    client sends its next request on a pooled connection, so even an idle one matters)."""
+    events: list[tuple[float, int]] = []
     horizon = cfg.duration + 60.0
-    for i, name in enumerate(names):
+    for i in range(len(clients)):
         rng = random.Random(cfg.seed * 100_003 + i)
-        events += [(t, name) for t in drop_schedule(rng, cfg.drop_every, 0.5, horizon)]
+        events += [(t, i) for t in drop_schedule(rng, cfg.drop_every, 0.5, horizon)]
     events.sort()
-    for at, name in events:
+    for at, i in events:
         await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
-        lb.drop(name)
+        if lb.drop(clients[i].name):
+            clients[i].dropped()
 
 
 def _fold(

@@ -99,3 +99,24 @@ def test_hung_call_counts_its_resumptions_as_failed() -> None:
     t = Tally()
     t.add_session([c])
     assert t.hung == 1 and t.lossy == 2 and t.corrupted_sessions == 0
+
+
+def test_only_a_drop_the_scenario_made_excuses_a_call_cut_before_its_first_event() -> None:
+    refused_then_cut = CallCheck("c1s1", "k1", 4, 0)
+    refused_then_cut.refused = True  # its first POST was refused; the retry was then cut
+    refused_then_cut.drop_hit()
+    refused_then_cut.failed_with(RuntimeError("Connection closed"))
+    broken_by_a_replica = CallCheck("c2s1", "k1", 4, 0)  # same error, but no drop cut it
+    broken_by_a_replica.failed_with(RuntimeError("Connection closed"))
+    dropped_later = CallCheck("c3s1", "k1", 4, 0)
+    dropped_later.accept(tok(1, uid="c3s1"), "step")
+    dropped_later.drop_hit()  # it had an event: the client can resume, the drop is no excuse
+    dropped_later.failed_with(RuntimeError("Connection closed"))
+    t = Tally()
+    for c in (refused_then_cut, broken_by_a_replica, dropped_later):
+        t.add_session([c])
+    assert [c.cut_before_first_event for c in (refused_then_cut, broken_by_a_replica)] == [
+        True,
+        False,
+    ]
+    assert (t.cut_before_first_event, t.refused_calls, t.lost_in_flight) == (1, 0, 2)
