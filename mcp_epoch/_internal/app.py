@@ -145,6 +145,9 @@ class EpochSafeApp:
                 await self.inflight.wait_idle()
         result = DrainResult(waiting, len(self.inflight), time.monotonic() - began)
         self.last_drain = result
+        cut = self._guard.forwarder.cut_relays()  # endless GET streams, and any late POST
+        if cut:
+            log.info("cut %d forwarded streams; their clients resume elsewhere", cut)
         if result.abandoned:
             log.warning(
                 "drain deadline of %.0fs passed with %d requests in flight (id, answered): %s",

@@ -104,6 +104,7 @@ class Forwarder:
         self._timeout = httpx.Timeout(connect=connect_timeout, read=None, write=30.0, pool=5.0)
         self._client: httpx.AsyncClient | None = None
         self._rr = itertools.count()
+        self._relays: set[anyio.CancelScope] = set()
         self.forwarded = 0
 
     def pick(self, peers: list[Route]) -> Route | None:
@@ -118,6 +119,14 @@ class Forwarder:
                 follow_redirects=False,
             )
         return self._client
+
+    def cut_relays(self) -> int:
+        """End every relay still running as a dropped connection would end it (no final
+        chunk, so its client resumes from its cursor elsewhere), rather than leave them to be
+        cancelled by the ASGI server's shutdown. Returns how many were cut."""
+        for scope in self._relays:
+            scope.cancel()
+        return len(self._relays)
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -171,6 +180,20 @@ class Forwarder:
         out.append((FORWARDED_BY_HEADER.encode(), str(route.epoch).encode()))
         await send({"type": "http.response.start", "status": response.status_code, "headers": out})
         complete = False
+        with anyio.CancelScope() as relay:
+            self._relays.add(relay)
+            try:
+                complete = await self._stream(response, receive, send, route)
+            finally:
+                self._relays.discard(relay)
+        if complete:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _stream(
+        self, response: httpx.Response, receive: Receive, send: Send, route: Route
+    ) -> bool:
+        """Relay the body until it ends (True) or the owner or the client goes away."""
+        complete = False
         async with anyio.create_task_group() as tg:
 
             async def client_gone() -> None:
@@ -188,8 +211,7 @@ class Forwarder:
                 # (no final chunk), so it resumes from the last event it really received.
                 log.info("forwarded stream from %s broke: %r", route.epoch, exc)
             tg.cancel_scope.cancel()
-        if complete:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return complete
 
 
 async def _request_body(receive: Receive) -> AsyncIterator[bytes]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -57,17 +58,22 @@ class ServerProc:
                 self.proc.wait(5)
 
 
-def start_server(env: dict[str, str] | None = None, port: int | None = None) -> ServerProc:
+def start_server(
+    env: dict[str, str] | None = None, port: int | None = None, log: Path | None = None
+) -> ServerProc:
+    """Start the example server; its log (stderr) goes to ``log`` when given."""
     port = port or free_port()
     full = {k: v for k, v in os.environ.items() if not k.startswith("MCP_")}
     full.update(env or {})
-    proc = subprocess.Popen(
-        [sys.executable, str(EXAMPLE), "--port", str(port)],
-        env=full,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    with contextlib.ExitStack() as stack:
+        err = stack.enter_context(log.open("w")) if log is not None else subprocess.DEVNULL
+        proc = subprocess.Popen(
+            [sys.executable, str(EXAMPLE), "--port", str(port)],
+            env=full,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line:

@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -33,12 +34,13 @@ class Replica:
         return self.srv.url
 
 
-def launch(svc: EpochServiceProcess, name: str, **env: str) -> Replica:
+def launch(svc: EpochServiceProcess, name: str, log: Path | None = None, **env: str) -> Replica:
     """Issue, bind, start, then bind again with the address: the order a pod goes through."""
     pod_epoch = svc.issue(NS, SERVER, f"req-{name}")
     bind = {"pod_name": name, "pod_uid": f"uid-{name}"}
     svc.op(f"/v1/epochs/{pod_epoch}/bind", bind)
-    srv = start_server({**svc.replica_env(pod_epoch, NS, SERVER), "MCP_POD_NAME": name, **env})
+    env = {**svc.replica_env(pod_epoch, NS, SERVER), "MCP_POD_NAME": name, **env}
+    srv = start_server(env, log=log)
     svc.op(f"/v1/epochs/{pod_epoch}/bind", {**bind, "address": f"127.0.0.1:{srv.port}"})
     return Replica(srv, pod_epoch)
 
@@ -61,9 +63,11 @@ def until(condition: object, within: float = 15.0) -> None:
 
 
 @pytest.fixture
-def pair(epoch_service: EpochServiceProcess, http: httpx.Client) -> Iterator[tuple[Replica, ...]]:
-    a = launch(epoch_service, "a")
-    b = launch(epoch_service, "b")
+def pair(
+    epoch_service: EpochServiceProcess, http: httpx.Client, tmp_path: Path
+) -> Iterator[tuple[Replica, ...]]:
+    a = launch(epoch_service, "a", log=tmp_path / "a.log")
+    b = launch(epoch_service, "b", log=tmp_path / "b.log")
     try:
         # B's copy of the ledger learns A's address (and A's of B's) through its long poll.
         probe_a = RawSession(a.url, http).initialize()
@@ -199,6 +203,24 @@ def test_a_draining_process_relays_a_forwarded_call_to_its_end_before_it_exits(
     assert progress_of(events) == list(range(1, steps + 1))
     assert any('"result"' in e.data for e in events)
     assert a.srv.proc.wait(10) == 0
+
+
+def test_a_draining_process_cuts_the_streams_it_relays_as_a_drop_would_and_exits(
+    pair: tuple[Replica, Replica], http: httpx.Client, tmp_path: Path
+) -> None:
+    a, b = pair
+    s = RawSession(b.url, http).initialize()
+    headers = {**s.headers(), "accept": "text/event-stream"}
+    with http.stream("GET", a.url, headers=headers) as stream:  # B's open-ended stream, via A
+        assert stream.status_code == 200 and stream.headers[FORWARDED_BY_HEADER] == b.srv.epoch
+        a.srv.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(httpx.RemoteProtocolError):  # cut: no final chunk
+            for _ in stream.iter_bytes():
+                pass
+    assert a.srv.proc.wait(10) == 0
+    log = (tmp_path / "a.log").read_text()
+    assert "cut 1 forwarded streams" in log
+    assert "Exception in ASGI application" not in log  # not cancelled by uvicorn's shutdown
 
 
 def test_the_drain_deadline_bounds_a_call_that_does_not_end(
