@@ -17,6 +17,7 @@ from epochsvc.service.auth import Authenticator, KubernetesAuth, Tokens
 from epochsvc.service.errors import install_error_handlers
 from epochsvc.service.identity import SA_PREFIX, ApiServer, TokenReviewer
 from epochsvc.service.limits import BodyLimit
+from epochsvc.service.listings import RenderedLists
 from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.metrics import Metrics, ObserveLatency
 from epochsvc.service.routers import epochs, health, servers
@@ -102,12 +103,17 @@ def create_app(
         app.state.access = Access(app.state.store)
         await app.state.store.attach()
         sweeper = asyncio.create_task(_sweep_forever(app), name="epochsvc-sweeper")
+        catch_up = asyncio.create_task(
+            app.state.notifier.catch_up(app.state.store, settings.poll_interval_seconds),
+            name="epochsvc-longpoll-catch-up",
+        )
         try:
             yield
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for task in (sweeper, catch_up):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await app.state.store.close()
             if isinstance(auth, KubernetesAuth):
                 await auth.reviewer.close()
@@ -121,6 +127,7 @@ def create_app(
     app.state.settings = settings
     app.state.auth = auth
     app.state.notifier = ChangeNotifier()
+    app.state.lists = RenderedLists()
     app.state.metrics = Metrics()
     install_error_handlers(app)
     # Refuses oversized bodies, declared or streamed, before anything parses them.

@@ -12,6 +12,7 @@ from fastapi import Depends, Path, Request
 
 from epochsvc.service.access import Access
 from epochsvc.service.errors import ApiError
+from epochsvc.service.listings import RenderedLists
 from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.metrics import Metrics
 from epochsvc.service.settings import Settings
@@ -39,6 +40,11 @@ async def get_notifier(request: Request) -> ChangeNotifier:
     return notifier
 
 
+async def get_lists(request: Request) -> RenderedLists:
+    lists: RenderedLists = request.app.state.lists
+    return lists
+
+
 async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
@@ -53,6 +59,7 @@ Store = Annotated[EpochStore, Depends(get_store)]
 Rules = Annotated[Access, Depends(get_access)]
 Config = Annotated[Settings, Depends(get_settings)]
 Notifier = Annotated[ChangeNotifier, Depends(get_notifier)]
+Lists = Annotated[RenderedLists, Depends(get_lists)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 # The pattern is documentation (OpenAPI): a malformed epoch still gets this service's own

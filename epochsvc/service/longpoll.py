@@ -5,19 +5,24 @@ made by this process (the routers, the sweeper) and, on PostgreSQL, a write of a
 service process delivered by the store's follower. A change to one server wakes only that
 server's waiters, so a fleet of servers never turns one write into a thundering herd.
 
-Each waiter also re-reads its server's newest revision every ``poll_interval`` (from the
-in-memory copy: no database read while the copy is whole). Waiting on notifications alone,
-without these re-reads, made the end-to-end rolling deploy lose a call in about one run in
-three, for a reason not found yet (branch ``wip/longpoll-no-poll``), so the re-reads stay.
+A waiter never polls. One catch-up task (:meth:`ChangeNotifier.catch_up`) reads, every
+``poll_interval``, the newest revision of each server that has waiters (one read per server,
+not per waiter) and wakes a server's waiters when it moved without a notification: changes
+the store could not announce (the PostgreSQL follower lost the database and caught up) are
+then answered within a second. It costs one in-memory read per server with waiters per
+interval, whatever the number of waiters.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable
 
-from epochsvc.service.store.base import EpochStore
+from epochsvc.service.store.base import EpochStore, StoreUnavailable
+
+log = logging.getLogger("epochsvc.longpoll")
 
 Key = tuple[str, str]
 
@@ -26,6 +31,7 @@ class ChangeNotifier:
     def __init__(self) -> None:
         self._events: dict[Key, asyncio.Event] = {}
         self._waiting: dict[Key, int] = {}
+        self._seen: dict[Key, int] = {}  # the catch-up's last reading, per server
         self.waiters = 0
         self.closed = False
 
@@ -48,6 +54,29 @@ class ChangeNotifier:
     def notify_server(self, namespace: str, server: str) -> None:
         self.notify(((namespace, server),))
 
+    async def catch_up_once(self, store: EpochStore) -> int:
+        """One pass of the safety net; returns how many servers it had to wake."""
+        woken = 0
+        for key in list(self._waiting):
+            newest, _ = await store.server_revision(*key)
+            if self._seen.get(key) != newest:
+                if key in self._seen:
+                    woken += 1
+                    self.notify((key,))
+                self._seen[key] = newest
+        for key in [k for k in self._seen if k not in self._waiting]:
+            del self._seen[key]
+        return woken
+
+    async def catch_up(self, store: EpochStore, interval: float) -> None:
+        """Run :meth:`catch_up_once` every ``interval`` seconds, until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.catch_up_once(store)
+            except StoreUnavailable as exc:  # the next pass tries again; readers see the 503
+                log.debug("long-poll catch-up skipped: %s", exc)
+
     async def wait_for_change(
         self,
         store: EpochStore,
@@ -55,7 +84,6 @@ class ChangeNotifier:
         server: str,
         since: int,
         wait: float,
-        poll_interval: float,
     ) -> None:
         """Return once a change newer than ``since`` exists for the server, or ``wait`` passes."""
         key = (namespace, server)
@@ -75,9 +103,8 @@ class ChangeNotifier:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
-                timeout = min(remaining, poll_interval)
                 try:
-                    async with asyncio.timeout(timeout):
+                    async with asyncio.timeout(remaining):
                         await event.wait()
                 except TimeoutError:
                     if time.monotonic() >= deadline:

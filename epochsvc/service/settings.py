@@ -42,8 +42,8 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(default=10.0, gt=0)
     # Long polls are held at most this long (below common proxy idle timeouts of 60 s).
     max_wait_seconds: float = Field(default=MAX_WAIT_SECONDS, gt=0)
-    # How often a long poll re-reads the store, so changes made by other service replicas
-    # sharing one PostgreSQL are seen even without an in-process notification.
+    # How often the long polls' catch-up reads each waited-on server's newest revision (once
+    # per server, not per waiter), so a change no notification announced is answered anyway.
     poll_interval_seconds: float = Field(default=1.0, gt=0)
     max_body_bytes: int = Field(default=16 * 1024, gt=0)
     # A longer request head (request line and headers) gets 431 before it is buffered.

@@ -169,7 +169,13 @@ def test_the_shared_replica_token_cannot_take_over_an_epoch(svc: EpochServicePro
         assert guess.status_code == 403 and guess.json()["code"] == "not-your-epoch"
         for answer in (no_body, guess, rep.get(f"/v1/epochs/{epoch}")):
             assert victim_uid not in answer.text
-        listed = rep.get("/v1/servers/default/demo/epochs").json()["epochs"]
+        # The operator's list at this very revision (rendered once and shared by callers of
+        # the same view) shows the UID; the replica's at the same revision never does.
+        by_operator = op.get("/v1/servers/default/demo/epochs").json()
+        assert victim_uid in {e["pod_uid"] for e in by_operator["epochs"]}
+        replica_view = rep.get("/v1/servers/default/demo/epochs").json()
+        assert replica_view["revision"] == by_operator["revision"]
+        listed = replica_view["epochs"]
         assert listed and all(e["pod_uid"] is None for e in listed)
         # The victim's process is still the newest incarnation: nobody superseded it.
         seen = op.get(f"/v1/epochs/{epoch}").json()

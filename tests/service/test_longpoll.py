@@ -1,4 +1,5 @@
-"""The long-poll notifier in-process: waiters are woken per server by notifications."""
+"""The long-poll notifier in-process: waiters are woken per server by notifications and never
+poll; one catch-up pass reads each waited-on server once and wakes it if it moved unannounced."""
 
 from __future__ import annotations
 
@@ -21,19 +22,20 @@ class CountingStore:
 
 
 async def _yield_to_waiters() -> None:
-    """One scheduler round: every task woken so far has run up to its next await."""
+    """A few scheduler rounds: every task woken so far has run up to its next await."""
     for _ in range(3):
         await asyncio.sleep(0)
+
+
+def _waiter(notifier: ChangeNotifier, store: CountingStore, server: str) -> asyncio.Task[None]:
+    return asyncio.create_task(notifier.wait_for_change(store, "ns", server, 0, 60))  # type: ignore[arg-type]
 
 
 def test_a_change_wakes_only_its_own_servers_waiters() -> None:
     async def scenario() -> None:
         store, notifier = CountingStore(), ChangeNotifier()
-        a = [
-            asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 0, 60, 1))  # type: ignore[arg-type]
-            for _ in range(50)
-        ]
-        b = asyncio.create_task(notifier.wait_for_change(store, "ns", "b", 0, 60, 1))  # type: ignore[arg-type]
+        a = [_waiter(notifier, store, "a") for _ in range(50)]
+        b = _waiter(notifier, store, "b")
         await _yield_to_waiters()
         assert notifier.waiters == 51 and store.reads == 51
         store.revisions[("ns", "b")] = 1
@@ -50,23 +52,52 @@ def test_a_change_wakes_only_its_own_servers_waiters() -> None:
     asyncio.run(scenario())
 
 
+def test_a_waiter_never_polls_until_its_wait_ends() -> None:
+    async def scenario() -> int:
+        store, notifier = CountingStore(), ChangeNotifier()
+        await notifier.wait_for_change(store, "ns", "a", 0, 0.3)  # type: ignore[arg-type]
+        return store.reads
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_the_catch_up_reads_each_server_once_and_wakes_a_change_nobody_announced() -> None:
+    async def scenario() -> None:
+        store, notifier = CountingStore(), ChangeNotifier()
+        a = [_waiter(notifier, store, "a") for _ in range(100)]
+        b = [_waiter(notifier, store, "b") for _ in range(100)]
+        await _yield_to_waiters()
+        reads = store.reads
+        assert await notifier.catch_up_once(store) == 0  # first pass: a baseline per server
+        assert store.reads == reads + 2  # one read per server, not per waiter
+        store.revisions[("ns", "a")] = 5  # changed with no notification
+        assert await notifier.catch_up_once(store) == 1
+        await asyncio.wait_for(asyncio.gather(*a), 5)
+        assert not any(t.done() for t in b)
+        store.revisions[("ns", "b")] = 6
+        notifier.notify_server("ns", "b")
+        await asyncio.wait_for(asyncio.gather(*b), 5)
+        assert await notifier.catch_up_once(store) == 0 and not notifier._seen
+
+    asyncio.run(scenario())
+
+
 def test_a_change_between_the_read_and_the_wait_is_not_missed() -> None:
-    """The event is taken before the revision is read: a notify that lands in between
-    (while the read is in progress) still wakes the waiter."""
+    """The event is taken before the revision is read: a notify that lands while the read is
+    in progress still wakes the waiter."""
+    notifier = ChangeNotifier()
 
     class Racing(CountingStore):
         async def server_revision(self, namespace: str, server: str) -> tuple[int, int]:
             result = await super().server_revision(namespace, server)
-            if self.reads == 1:  # the change lands while the first read is in flight
+            if self.reads == 1:
                 self.revisions[(namespace, server)] = 1
                 notifier.notify_server(namespace, server)
             return result
 
-    notifier = ChangeNotifier()
-
     async def scenario() -> None:
         store = Racing()
-        await asyncio.wait_for(notifier.wait_for_change(store, "ns", "a", 0, 60, 60), 5)  # type: ignore[arg-type]
+        await asyncio.wait_for(notifier.wait_for_change(store, "ns", "a", 0, 60), 5)  # type: ignore[arg-type]
         assert store.reads == 2
 
     asyncio.run(scenario())
@@ -75,14 +106,10 @@ def test_a_change_between_the_read_and_the_wait_is_not_missed() -> None:
 def test_close_answers_every_waiter_at_once() -> None:
     async def scenario() -> None:
         store, notifier = CountingStore(), ChangeNotifier()
-        tasks = [
-            asyncio.create_task(notifier.wait_for_change(store, "ns", s, 0, 60, 60))  # type: ignore[arg-type]
-            for s in ("a", "b", "c")
-        ]
+        tasks = [_waiter(notifier, store, s) for s in ("a", "b", "c")]
         await _yield_to_waiters()
         notifier.close()
         await asyncio.wait_for(asyncio.gather(*tasks), 5)
-        # And a later one returns at once.
-        await asyncio.wait_for(notifier.wait_for_change(store, "ns", "d", 0, 60, 60), 5)  # type: ignore[arg-type]
+        await asyncio.wait_for(notifier.wait_for_change(store, "ns", "d", 0, 60), 5)  # type: ignore[arg-type]
 
     asyncio.run(scenario())

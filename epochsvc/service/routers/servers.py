@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from epochsvc.service.access import shown
 from epochsvc.service.auth import AnyCaller
-from epochsvc.service.deps import Config, Notifier, Rules, Store
+from epochsvc.service.deps import Config, Lists, Notifier, Rules, Store
 from epochsvc.service.lifecycle import State
 from epochsvc.service.models import Epoch, EpochList, ErrorBody
 from mcp_epoch.contract import DNS1123_LABEL_PATTERN
@@ -28,6 +28,7 @@ async def list_epochs(
     server: NameParam,
     store: Store,
     notifier: Notifier,
+    lists: Lists,
     settings: Config,
     rules: Rules,
     caller: AnyCaller,
@@ -38,7 +39,7 @@ async def list_epochs(
     wait: Annotated[
         float, Query(ge=0, le=3600, description="with since: hold up to this many seconds")
     ] = 0.0,
-) -> EpochList:
+) -> Response:
     """All epochs of a server (tombstones too until compacted) and the ledger revision they are
     consistent with. With ``since`` and ``wait`` the answer is held until a change newer than
     ``since`` exists for this server or the wait ends; it is the full list either way. A pod
@@ -51,11 +52,16 @@ async def list_epochs(
             server,
             since,
             min(wait, settings.max_wait_seconds),
-            settings.poll_interval_seconds,
         )
     snapshot = await store.list_server(namespace, server, state or ())
-    return EpochList(
-        ledger_id=store.ledger_id,
-        revision=snapshot.revision,
-        epochs=[Epoch.of(shown(r, caller)) for r in snapshot.epochs],
-    )
+
+    def render() -> bytes:
+        listing = EpochList(
+            ledger_id=store.ledger_id,
+            revision=snapshot.revision,
+            epochs=[Epoch.of(shown(r, caller)) for r in snapshot.epochs],
+        )
+        return listing.model_dump_json().encode()
+
+    key = lists.key(store.ledger_id, namespace, server, state or (), caller.is_operator)
+    return Response(lists.get(key, snapshot.revision, render), media_type="application/json")
