@@ -109,13 +109,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{'waiters':>8} {'held':>6} {'errors':>6} {'wake p50':>9} {'wake p99':>9} "
         f"{'x base':>7} {'healthz p99':>11} {'x base':>7} {'RSS MB':>7}"
     )
+
+    def ratio(value: float, baseline: float) -> str:
+        # A baseline too fast to measure (no /healthz probe landed in its wake) has no ratio.
+        return f"{value / baseline:>6.1f}x" if baseline >= 0.05 else f"{'n/a':>7}"
+
     for n, r in rows:
-        wake_ratio = r["wake_p99_ms"] / max(base["wake_p99_ms"], 1e-3)
-        health_ratio = r["health_p99_ms"] / max(base["health_p99_ms"], 1e-3)
+        wake_ratio = ratio(r["wake_p99_ms"], base["wake_p99_ms"])
+        health_ratio = ratio(r["health_p99_ms"], base["health_p99_ms"])
         print(
             f"{n:>8} {r['registered']:>6} {r['errors']:>6} {r['wake_p50_ms']:>8.1f}m "
-            f"{r['wake_p99_ms']:>8.1f}m {wake_ratio:>6.1f}x {r['health_p99_ms']:>10.1f}m "
-            f"{health_ratio:>6.1f}x {r['rss_mb']:>7.0f}"
+            f"{r['wake_p99_ms']:>8.1f}m {wake_ratio} {r['health_p99_ms']:>10.1f}m "
+            f"{health_ratio} {r['rss_mb']:>7.0f}"
         )
         if r.get("first_error"):
             print(f"{'':>8} first error: {r['first_error']}")

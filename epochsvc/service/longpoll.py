@@ -26,10 +26,43 @@ log = logging.getLogger("epochsvc.longpoll")
 
 Key = tuple[str, str]
 
+#: Waiters resumed per turn of the event loop when one change wakes many. Between turns the
+#: loop reads its sockets, so ``/healthz`` and every other request interleave with a wake of
+#: thousands instead of queueing behind all of them.
+WAKE_BATCH = 256
+
+
+class _Wake:
+    """The waiters of one server for its next change; :meth:`fire` resumes them in batches."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[asyncio.Future[None], None] = {}  # in arrival order
+
+    def add(self) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[future] = None
+        return future
+
+    def discard(self, future: asyncio.Future[None]) -> None:
+        """A waiter left without being woken (its wait ended): forget it."""
+        future.cancel()
+        self._waiters.pop(future, None)
+
+    async def fire(self) -> None:
+        waiters = list(self._waiters)
+        self._waiters.clear()
+        for start in range(0, len(waiters), WAKE_BATCH):
+            if start:
+                await asyncio.sleep(0)  # one loop turn: let sockets be read
+            for future in waiters[start : start + WAKE_BATCH]:
+                if not future.done():  # a waiter that left meanwhile has cancelled its own
+                    future.set_result(None)
+
 
 class ChangeNotifier:
     def __init__(self) -> None:
-        self._events: dict[Key, asyncio.Event] = {}
+        self._events: dict[Key, _Wake] = {}
+        self._firing: set[asyncio.Task[None]] = set()
         self._waiting: dict[Key, int] = {}
         self._seen: dict[Key, int] = {}  # the catch-up's last reading, per server
         self.waiters = 0
@@ -47,9 +80,11 @@ class ChangeNotifier:
         the next change."""
         keys = list(self._events) if servers is None else servers
         for key in keys:
-            event = self._events.pop(key, None)
-            if event is not None:
-                event.set()
+            wake = self._events.pop(key, None)
+            if wake is not None:
+                task = asyncio.get_running_loop().create_task(wake.fire())
+                self._firing.add(task)
+                task.add_done_callback(self._firing.discard)
 
     def notify_server(self, namespace: str, server: str) -> None:
         self.notify(((namespace, server),))
@@ -93,22 +128,25 @@ class ChangeNotifier:
         try:
             while True:
                 # Taken before the read: a change between the read and the wait still wakes.
-                event = self._events.get(key)
-                if event is None:
-                    event = self._events[key] = asyncio.Event()
-                newest, ledger = await store.server_revision(namespace, server)
-                # since > ledger: the caller's copy came from another (replaced) ledger.
-                if newest > since or since > ledger or self.closed:
-                    return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
+                wake = self._events.get(key)
+                if wake is None:
+                    wake = self._events[key] = _Wake()
+                woken = wake.add()
                 try:
+                    newest, ledger = await store.server_revision(namespace, server)
+                    # since > ledger: the caller's copy came from another (replaced) ledger.
+                    if newest > since or since > ledger or self.closed:
+                        return
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return
                     async with asyncio.timeout(remaining):
-                        await event.wait()
+                        await woken
                 except TimeoutError:
                     if time.monotonic() >= deadline:
                         return  # the caller reads the list anyway: no last look needed
+                finally:
+                    wake.discard(woken)  # a no-op once woken
         finally:
             self.waiters -= 1
             left = self._waiting[key] - 1

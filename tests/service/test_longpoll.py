@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from epochsvc.service.longpoll import ChangeNotifier
+from epochsvc.service.longpoll import WAKE_BATCH, ChangeNotifier
 
 
 class CountingStore:
@@ -113,3 +113,23 @@ def test_close_answers_every_waiter_at_once() -> None:
         await asyncio.wait_for(notifier.wait_for_change(store, "ns", "d", 0, 60), 5)  # type: ignore[arg-type]
 
     asyncio.run(scenario())
+
+
+def test_a_wake_of_many_waiters_lets_other_work_run_between_its_batches() -> None:
+    async def scenario() -> list[int]:
+        store, notifier = CountingStore(), ChangeNotifier()
+        n = 4 * WAKE_BATCH
+        tasks = [_waiter(notifier, store, "a") for _ in range(n)]
+        await _yield_to_waiters()
+        base = store.reads
+        store.revisions[("ns", "a")] = 1
+        notifier.notify_server("ns", "a")
+        seen: list[int] = []  # waiters resumed so far, at each turn of another task
+        while len(seen) < 50 and store.reads - base < n:
+            await asyncio.sleep(0)
+            seen.append(store.reads - base)
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert any(0 < resumed < 4 * WAKE_BATCH for resumed in seen), seen
