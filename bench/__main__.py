@@ -1,4 +1,4 @@
-"""`python -m bench [service|replica|forward|longpoll] [options]`: run one benchmark, or all."""
+"""`python -m bench [service|replica|forward|longpoll|guard] [options]`: one benchmark, or all."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ BENCHES = {
     "replica": "bench.replica_bench",
     "forward": "bench.forward_bench",
     "longpoll": "bench.longpoll_bench",
+    "guard": "bench.guard_bench",
 }
 
 

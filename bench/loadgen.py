@@ -45,7 +45,10 @@ def run(
     body: str = "",
     token: str = "",
     status: int = 0,
+    headers: dict[str, str] | None = None,
+    whole: bool = False,
 ) -> Load:
+    """Closed-loop load; ``whole`` times each request until its body is read (a stream)."""
     argv = [
         str(binary()),
         f"-method={method}",
@@ -58,6 +61,9 @@ def run(
         argv.append(f"-body={body}")
     if token:
         argv.append(f"-token={token}")
+    argv += [f"-header={name}: {value}" for name, value in (headers or {}).items()]
+    if whole:
+        argv.append("-whole")
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return Load(**json.loads(out))
 

@@ -19,6 +19,12 @@ import (
 	"time"
 )
 
+// headerFlags collects repeated -header "Name: value" flags.
+type headerFlags []string
+
+func (h *headerFlags) String() string     { return strings.Join(*h, ", ") }
+func (h *headerFlags) Set(v string) error { *h = append(*h, v); return nil }
+
 type result struct {
 	Requests int     `json:"requests"`
 	Errors   int     `json:"errors"`
@@ -42,6 +48,9 @@ func main() {
 	trigger := flag.String("trigger", "", "longpoll: URL POSTed (with -body) to change the server")
 	health := flag.String("health", "", "longpoll: URL probed meanwhile")
 	metrics := flag.String("metrics", "", "longpoll: the service's /metrics (waiters held)")
+	var headers headerFlags
+	flag.Var(&headers, "header", "extra request header \"Name: value\" (repeatable)")
+	whole := flag.Bool("whole", false, "time each request until its body is read (streams)")
 	flag.Parse()
 	if *mode == "longpoll" {
 		runLongpoll(*urls, *trigger, *body, *health, *metrics, *token, *waiters)
@@ -80,6 +89,10 @@ func main() {
 				if *token != "" {
 					req.Header.Set("Authorization", "Bearer "+*token)
 				}
+				for _, h := range headers {
+					name, value, _ := strings.Cut(h, ":")
+					req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
+				}
 				start := time.Now()
 				resp, err := client.Do(req)
 				elapsed := time.Since(start)
@@ -92,6 +105,9 @@ func main() {
 				}
 				data, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
+				if *whole {
+					elapsed = time.Since(start)
+				}
 				ok := resp.StatusCode/100 == 2
 				if *want != 0 {
 					ok = resp.StatusCode == *want
