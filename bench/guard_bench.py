@@ -1,6 +1,6 @@
 """What mcp-epoch costs an SDK server: tool calls with progress, served three ways.
 
-    python -m bench guard [--seconds 5] [--clients 8] [--steps 10] [--rounds 3]
+    python -m bench guard [--seconds 5] [--clients 8] [--steps 10] [--rounds 5]
 
 One ``MCPServer`` (``bench/guard_server.py``) with a tool that sends ``--steps`` progress
 notifications and answers, served (one process at a time, same uvicorn settings) with
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
     rounds: dict[str, list[tuple[Load, Load]]] = {store: [] for store in STORES}
