@@ -103,6 +103,11 @@ REASONS: Final[tuple[Reason, ...]] = ("gap", "live-elsewhere", "draining", "reti
 FORWARDED_TO_HEADER: Final = "mcp-epoch-forwarded-to"
 #: Response header the forwarding replica adds: the process epoch that really answered.
 FORWARDED_BY_HEADER: Final = "mcp-epoch-forwarded-by"
+#: Response header of a forwarded resumption that replays a call's stream (which ends with the
+#: call's answer), not the open-ended standalone stream: the relaying replica's drain waits for
+#: it, as for a forwarded POST, because the owner counts the call delivered once it wrote the
+#: answer to the relay.
+CALL_STREAM_HEADER: Final = "mcp-epoch-call-stream"
 #: Session IDs minted through the guard: ``<process epoch>_<32 hex digits>`` (visible ASCII, as
 #: the Streamable HTTP transport requires; the hex part is the SDK's own unguessable ID).
 SESSION_SEPARATOR: Final = "_"

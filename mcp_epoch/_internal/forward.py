@@ -12,9 +12,11 @@ client resumes from the last event it really got.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -22,7 +24,13 @@ import anyio
 import httpx
 
 from mcp_epoch._internal.snapshot import EpochSnapshot
-from mcp_epoch.contract import FORWARDED_BY_HEADER, FORWARDED_TO_HEADER, PodEpoch, ProcessEpoch
+from mcp_epoch.contract import (
+    CALL_STREAM_HEADER,
+    FORWARDED_BY_HEADER,
+    FORWARDED_TO_HEADER,
+    PodEpoch,
+    ProcessEpoch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,7 @@ _HOP_BY_HOP: Final = frozenset(
         b"upgrade",
         FORWARDED_TO_HEADER.encode(),
         FORWARDED_BY_HEADER.encode(),
+        CALL_STREAM_HEADER.encode(),
     }
 )
 MISDIRECTED: Final = 421
@@ -142,8 +151,10 @@ class Forwarder:
         receive: Receive,
         send: Send,
         route: Route,
+        hold: Callable[[str], AbstractContextManager[None]] | None = None,
     ) -> None:
-        """Send the request to ``route`` and stream its answer back. Raises
+        """Send the request to ``route`` and stream its answer back; ``hold(owner)`` is held
+        while relaying a replay the owner marks as a call's stream. Raises
         :class:`OwnerUnreachable` when nothing reached the owner (and nothing was sent to the
         client), :class:`OwnerLost` when the owner took the request and went away unanswered.
         """
@@ -170,7 +181,9 @@ class Forwarder:
                 said = (await response.aread())[:200].decode("utf-8", "replace")
                 raise OwnerUnreachable(f"{route.address} is no longer {route.epoch}: {said}")
             self.forwarded += 1
-            await self._relay(response, receive, send, route)
+            call = hold is not None and CALL_STREAM_HEADER in response.headers
+            with hold(str(route.epoch)) if call and hold else contextlib.nullcontext():
+                await self._relay(response, receive, send, route)
         finally:
             await response.aclose()
 

@@ -40,6 +40,7 @@ from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
 from mcp_epoch._internal.snapshot import EpochSnapshot
 from mcp_epoch.contract import (
+    CALL_STREAM_HEADER,
     FORWARDED_TO_HEADER,
     REJECTED_HEADER,
     SESSION_SEPARATOR,
@@ -60,6 +61,8 @@ PROTOCOL_HEADER: Final = b"mcp-protocol-version"
 # Revisions with sessions and Last-Event-ID resumption (no header: the spec's default, 2025-03-26).
 RESUMABLE_REVISIONS: Final = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
 INVALID_REQUEST: Final = -32600
+#: The SDK's stream ID for a session's standalone GET stream (every other stream is a call's).
+STANDALONE_STREAM: Final = "_GET_stream"
 #: Larger POST bodies get 413; an MCP message is far smaller (the SDK sets no limit itself).
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 
@@ -190,7 +193,7 @@ class ResumptionGuard:
                 peer = self.forwarder.pick(live_peers(self.store.snapshot(), own))
                 if peer is not None and await self._forward(scope, receive, send, peer):
                     return  # a live peer took the new session
-        await self._serve(scope, receive, send, sid, cursor, method)
+        await self._serve(scope, receive, send, sid, cursor, method, forwarded_to is not None)
 
     async def _to_owner(
         self, scope: Scope, receive: Receive, send: Send, owner: ProcessEpoch, *, forwarded: bool
@@ -209,7 +212,8 @@ class ResumptionGuard:
         """True when the owner answered (the answer went to the client); False: unreachable.
 
         A forwarded POST counts as in flight for this process's drain until its relay ends
-        (its length is the owner's answer). A GET is a stream of unbounded length: a drain
+        (its length is the owner's answer), and so does a GET the owner marks as the replay of
+        a call's stream. Any other GET is the standalone stream, of unbounded length: a drain
         does not wait for it, and a client cut off resumes it elsewhere from its cursor.
         """
         relay = (
@@ -219,7 +223,7 @@ class ResumptionGuard:
         )
         try:
             with relay:
-                await self.forwarder.forward(scope, receive, send, route)
+                await self.forwarder.forward(scope, receive, send, route, self.inflight.relaying)
         except OwnerUnreachable as exc:
             log.warning("owner unreachable, rejecting instead: %s", exc)
             return False
@@ -236,14 +240,17 @@ class ResumptionGuard:
         sid: SessionId | None,
         cursor: EventId | None,
         method: str | None,
+        forwarded: bool = False,
     ) -> None:
         tag = None if sid is None else self.sessions.get(sid.local)
         streams: list[str] = []  # the request streams whose chunks may deliver a call
+        call_stream = False  # a forwarded resumption of a call's stream: the relay says so
         if cursor is not None:
             plan = await self._admit_resumption(cursor, tag, send)
             if plan is None:
                 return
             streams.append(plan.stream_id)
+            call_stream = forwarded and plan.stream_id != STANDALONE_STREAM
         calls: list[str] = []
         if method == "POST":
             buffered = await _buffered(receive)
@@ -272,7 +279,7 @@ class ResumptionGuard:
         resume = ResumeState() if cursor is not None else None
         token = current_session.set(tag)
         resume_token = current_resume.set(resume)
-        wrapped = self._wrap_send(send, tag, fresh, resume, streams + calls)
+        wrapped = self._wrap_send(send, tag, fresh, resume, streams + calls, call_stream)
         try:
             await self.app(scope, receive, wrapped)
         finally:
@@ -302,6 +309,7 @@ class ResumptionGuard:
         fresh: bool,
         resume: ResumeState | None,
         streams: list[str],
+        call_stream: bool = False,
     ) -> Send:
         own = str(self.store.epoch)
         swallowing = False
@@ -315,7 +323,10 @@ class ResumptionGuard:
                     swallowing = True
                     await send_rejection(send, "unknown", "the server could not replay")
                     return
-                message = dict(message, headers=self._outgoing(message, tag, fresh, own))
+                headers = self._outgoing(message, tag, fresh, own)
+                if call_stream:
+                    headers.append((CALL_STREAM_HEADER.encode(), b"1"))
+                message = dict(message, headers=headers)
                 if resume is None and message.get("status", 200) >= 400:
                     for rid in streams:  # refused by the SDK (e.g. an ended session): no call
                         self.inflight.forget((tag, rid))

@@ -223,6 +223,43 @@ def test_a_draining_process_cuts_the_streams_it_relays_as_a_drop_would_and_exits
     assert "Exception in ASGI application" not in log  # not cancelled by uvicorn's shutdown
 
 
+def test_a_draining_process_relays_a_resumed_call_stream_to_its_answer_before_it_exits(
+    pair: tuple[Replica, Replica], http: httpx.Client
+) -> None:
+    a, b = pair
+    s = RawSession(a.url, http).initialize()  # A owns the session and runs the call
+    steps = 20
+    params = {
+        "name": "countdown",
+        "arguments": {"n": steps, "delay": 0.1},
+        "_meta": {"progressToken": "resumed"},
+    }
+    body = {"jsonrpc": "2.0", "id": 80, "method": "tools/call", "params": params}
+    with http.stream("POST", a.url, json=body, headers=s.headers()) as call:
+        lines = call.iter_lines()
+        first = parse_sse([next(line for line in lines if line.startswith("id:"))])
+        cursor = first[0].id
+    # The client comes back through B (its balancer picked B): B relays A's replay.
+    headers = {**s.headers(last_event_id=cursor), "accept": "text/event-stream"}
+    with http.stream("GET", b.url, headers=headers) as replay:
+        assert replay.status_code == 200 and replay.headers[FORWARDED_BY_HEADER] == a.srv.epoch
+        assert "mcp-epoch-call-stream" not in replay.headers  # between replicas only
+        lines = replay.iter_lines()
+        head = next(line for line in lines if line.startswith("data:") and "progress" in line)
+        # B has no call of its own: only this relay keeps it from exiting now.
+        b.srv.proc.send_signal(signal.SIGTERM)
+        rest = [head]
+        for line in lines:  # a client closes the replay once the answer is in, as SDKs do
+            rest.append(line)
+            if line.startswith("data:") and '"result"' in line:
+                rest.append("")
+                break
+        events = parse_sse(rest)
+    assert progress_of(events)[-1] == steps
+    assert any('"result"' in e.data for e in events)
+    assert b.srv.proc.wait(10) == 0
+
+
 def test_the_drain_deadline_bounds_a_call_that_does_not_end(
     epoch_service: EpochServiceProcess, http: httpx.Client
 ) -> None:

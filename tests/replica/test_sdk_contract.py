@@ -145,3 +145,13 @@ async def test_the_sdk_keeps_a_callers_progress_token_when_it_registers_no_callb
             await client.session.send_request(CallToolRequest(params=params), CallToolResult)
         progress = [m for _, m, _, _ in store.stored if isinstance(m, JSONRPCNotification)]
         assert progress and all(m.params and m.params["progressToken"] == "own" for m in progress)
+
+
+def test_the_standalone_stream_has_the_id_the_guard_expects() -> None:
+    # The guard tells a call's stream from the standalone GET stream by this ID, without
+    # importing the SDK; a renamed constant would make every replay look like a call's.
+    from mcp.server.streamable_http import GET_STREAM_KEY
+
+    from mcp_epoch._internal.guard import STANDALONE_STREAM
+
+    assert GET_STREAM_KEY == STANDALONE_STREAM
