@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -52,6 +53,16 @@ def forwarded_ping(via: Replica, session: RawSession, http: httpx.Client) -> boo
         headers=session.headers(),
     )
     return r.status_code == 200 and FORWARDED_BY_HEADER in r.headers
+
+
+def slow_countdown(steps: int, token: str, rid: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(params, JSON-RPC body) of a countdown call 0.1 s per step, with progress."""
+    params = {
+        "name": "countdown",
+        "arguments": {"n": steps, "delay": 0.1},
+        "_meta": {"progressToken": token},
+    }
+    return params, {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
 
 
 def until(condition: object, within: float = 15.0) -> None:
@@ -147,12 +158,7 @@ def test_a_draining_owner_finishes_its_calls_refuses_new_ones_and_exits(
     a, b = pair
     s = RawSession(a.url, http).initialize()
     steps = 50  # 5 s: the call outlasts everything the test does while A drains
-    params = {
-        "name": "countdown",
-        "arguments": {"n": steps, "delay": 0.1},
-        "_meta": {"progressToken": "long"},
-    }
-    body = {"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": params}
+    params, body = slow_countdown(steps, "long", 50)
 
     def opened_on_b() -> bool:
         fresh = RawSession(a.url, http).initialize()  # harmless before the drain: idle
@@ -186,12 +192,7 @@ def test_a_draining_process_relays_a_forwarded_call_to_its_end_before_it_exits(
     a, b = pair
     s = RawSession(b.url, http).initialize()  # B owns the session; A only relays its call
     steps = 20
-    params = {
-        "name": "countdown",
-        "arguments": {"n": steps, "delay": 0.1},
-        "_meta": {"progressToken": "relayed"},
-    }
-    body = {"jsonrpc": "2.0", "id": 70, "method": "tools/call", "params": params}
+    _, body = slow_countdown(steps, "relayed", 70)
     with http.stream("POST", a.url, json=body, headers=s.headers()) as call:
         assert call.headers.get(FORWARDED_BY_HEADER) == b.srv.epoch
         lines = call.iter_lines()
@@ -229,12 +230,7 @@ def test_a_draining_process_relays_a_resumed_call_stream_to_its_answer_before_it
     a, b = pair
     s = RawSession(a.url, http).initialize()  # A owns the session and runs the call
     steps = 20
-    params = {
-        "name": "countdown",
-        "arguments": {"n": steps, "delay": 0.1},
-        "_meta": {"progressToken": "resumed"},
-    }
-    body = {"jsonrpc": "2.0", "id": 80, "method": "tools/call", "params": params}
+    _, body = slow_countdown(steps, "resumed", 80)
     with http.stream("POST", a.url, json=body, headers=s.headers()) as call:
         lines = call.iter_lines()
         first = parse_sse([next(line for line in lines if line.startswith("id:"))])
