@@ -71,6 +71,13 @@ INJECTED_ENV: Final = (
     ENV_DRAIN,
 )
 
+# --- what a probe and Prometheus read from an epoch-safe server -------------------------------
+
+#: 200 while the process can act safely on its own, 503 before it has started, while the epoch
+#: service refuses its credentials and while it drains (an McpServer's readiness probe).
+READY_PATH: Final = "/readyz"
+METRICS_PATH: Final = "/metrics"
+
 # --- per-pod identity --------------------------------------------------------------------------
 
 #: The audience of the projected ServiceAccount tokens pods present to the epoch service; the

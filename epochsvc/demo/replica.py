@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from epochsvc.demo.checker import REPLICA_HEADER, Token
 from mcp_epoch import EpochSafeApp, epoch_safe_app, serve
+from mcp_epoch.contract import READY_PATH
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -33,6 +34,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 RETRY_MS = 100  # the SSE retry the replicas suggest: clients reconnect 0.1 s after a drop
+MCP_PATH = "/mcp"  # the SDK's default streamable_http_path
 
 mcp = MCPServer("mcp-epoch-demo")
 REPLICA = {"name": "?"}
@@ -83,13 +85,33 @@ class NoStandaloneStream:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("method") == "GET":
+        if scope["type"] == "http" and scope.get("method") == "GET" and scope["path"] == MCP_PATH:
             names = {bytes(k).lower() for k, _ in scope["headers"]}
             if b"last-event-id" not in names:
                 headers = [(b"allow", b"POST, DELETE"), (b"content-length", b"0")]
                 await send({"type": "http.response.start", "status": 405, "headers": headers})
                 await send({"type": "http.response.body", "body": b""})
                 return
+        await self.app(scope, receive, send)
+
+
+class AlwaysReady:
+    """``GET /readyz`` answers 200: the probe of a server without mcp-epoch (uvicorn accepts
+    connections only once the app has started, so an answer means it serves)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == READY_PATH:
+            body = b'{"ready": true}'
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
         await self.app(scope, receive, send)
 
 
@@ -125,14 +147,14 @@ def build(kind: str, buffer_events: int) -> tuple[ASGIApp, EpochSafeApp | None]:
         from epochsvc.demo.sdk_store import ExampleEventStore
 
         sdk = mcp.streamable_http_app(event_store=ExampleEventStore(), retry_interval=RETRY_MS)
-        return NoStandaloneStream(NameEveryAnswer(sdk)), None
+        return AlwaysReady(NoStandaloneStream(NameEveryAnswer(sdk))), None
     from epochsvc.demo.naive_server import NaiveEventStore, make_naive
 
     inner = mcp.streamable_http_app(
         event_store=NaiveEventStore(buffer_events), retry_interval=RETRY_MS
     )
     make_naive(mcp.session_manager)
-    return NoStandaloneStream(NameEveryAnswer(inner)), None
+    return AlwaysReady(NoStandaloneStream(NameEveryAnswer(inner))), None
 
 
 class AnnounceWhenStarted:

@@ -30,12 +30,12 @@ from mcp_epoch._internal.guard import (
     error_body,
     respond,
 )
-from mcp_epoch._internal.health import METRICS_PATH, READY_PATH, Health
+from mcp_epoch._internal.health import Health
 from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.liveview import LiveEpochView
 from mcp_epoch._internal.process import ProcessStart, start_process_epoch
 from mcp_epoch._internal.store import NOT_STARTED, EpochEventStore
-from mcp_epoch.contract import ProcessEpoch
+from mcp_epoch.contract import METRICS_PATH, READY_PATH, ProcessEpoch
 
 log = logging.getLogger("mcp_epoch")
 

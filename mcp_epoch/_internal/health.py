@@ -1,4 +1,4 @@
-"""``/readyz`` and ``/metrics`` of an epoch-safe server: what a probe and Prometheus read.
+"""What ``/readyz`` and ``/metrics`` of an epoch-safe server report (a probe, Prometheus).
 
 Readiness fails while the process cannot act safely on its own: before it has started, while
 the epoch service refuses its credentials (its copy of the ledger is then frozen: it would
@@ -12,9 +12,6 @@ import json
 from dataclasses import dataclass
 
 from mcp_epoch._internal.liveview import LiveEpochView
-
-READY_PATH = "/readyz"
-METRICS_PATH = "/metrics"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from mcp_epoch.contract import (
     ENV_DRAIN,
     INJECTED_ENV,
     MAX_OPERATOR_BUFFER_EVENTS,
+    READY_PATH,
     TOKEN_AUDIENCE,
 )
 from mcp_epoch_operator.names import (
@@ -48,6 +49,9 @@ BUFFER_CAP = MAX_OPERATOR_BUFFER_EVENTS
 DEFAULT_PORT = 8080
 DEFAULT_PATH = "/mcp"
 CONTAINER_NAME = "mcp"
+#: How often the kubelet asks ``/readyz`` (a cheap answer from memory): a new pod counts as
+#: Ready at most this long after it serves.
+READINESS_PERIOD_SECONDS = 2
 PORT_NAME = "mcp"
 DEFAULT_TOKEN_KEY = "token"
 #: Grace period beyond preStop + drain: time for the process to close its streams and exit.
@@ -183,6 +187,21 @@ def replica_env(
     return env
 
 
+def readiness_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """The container's readiness probe: ``spec.readinessProbe`` as given, else the replica
+    library's ``/readyz`` on the MCP port. Without one a pod is Ready the moment its container
+    starts, before the server listens, so a rollout would stop an old pod while its
+    replacement cannot serve yet; and a draining process or one whose credentials the epoch
+    service refuses would stay in the Service's endpoints."""
+    if spec.get("readinessProbe"):
+        return dict(spec["readinessProbe"])
+    return {
+        "httpGet": {"path": READY_PATH, "port": PORT_NAME},
+        "periodSeconds": READINESS_PERIOD_SECONDS,
+        "failureThreshold": 2,
+    }
+
+
 def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[str, Any]:
     """The Deployment an McpServer owns, in the shape server-side apply expects."""
     name = mcps["metadata"]["name"]
@@ -203,6 +222,7 @@ def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[st
             *(spec.get("env") or []),
             *replica_env(name, buffer, defaults.service_url, token, drain),
         ],
+        "readinessProbe": readiness_probe(spec),
     }
     if drain.prestop:
         # The kubelet's own sleep (no binary needed in the image): endpoints are updated

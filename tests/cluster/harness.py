@@ -10,7 +10,8 @@ clusters (or a cluster and anything else) coexist on one machine.
 There is no kubelet: kwok plays every node, making nodes Ready and pods
 Running/Ready and finishing deletions, while everything above the node
 (API validation, admission webhooks, RBAC, controllers, scheduling) is the
-real upstream code.
+real upstream code. A pod whose process a pod runner really runs can leave
+its readiness to that runner (:mod:`tests.cluster.kwok_stages`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.cluster import build, certs
+from tests.cluster import build, certs, kwok_stages
 
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
@@ -524,12 +525,17 @@ class Cluster:
         self._wait_healthy(record, f"https://127.0.0.1:{self.ports.scheduler}/healthz")
 
     def _start_kwok(self) -> None:
+        stages = self.run_dir / "kwok-stages.yaml"
+        stages.write_text(
+            kwok_stages.compose(build.kwok_stages_path().read_text(encoding="utf-8")),
+            encoding="utf-8",
+        )
         record = self._spawn(
             "kwok",
             "kwok",
             [
                 f"--kubeconfig={self.kubeconfig}",
-                f"--config={build.kwok_stages_path()}",
+                f"--config={stages}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
                 f"--server-address=127.0.0.1:{self.ports.kwok}",

@@ -23,6 +23,8 @@ import pytest
 
 from tests.cluster import versions
 from tests.cluster.harness import ApiClient, Cluster, wait_until
+from tests.cluster.kwok_stages import PROBER_LABEL, PROBER_VALUE
+from tests.e2e.prober import with_readiness
 
 pytestmark = pytest.mark.cluster
 
@@ -396,6 +398,51 @@ def test_mutating_webhook_called_for_selected_pods_only(
         60,
         "the mutated pod to be Ready",
     )
+
+
+# --------------------------------------------------------------------------- readiness
+
+
+def _condition_of(pod: dict[str, Any], kind: str) -> str | None:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return next((c.get("status") for c in conditions if c.get("type") == kind), None)
+
+
+def test_pods_labelled_for_the_runner_start_unready_until_it_reports(
+    k8s_cluster: Cluster,
+) -> None:
+    """kwok starts a labelled pod Running with a pod IP and its container not ready, and keeps
+    what the runner then writes; an unlabelled pod next to it is Ready at once."""
+    ns = namespace(k8s_cluster, "ctl-readiness")
+    _create_pod(k8s_cluster, ns, simple_pod("probed", {PROBER_LABEL: PROBER_VALUE}))
+    _create_pod(k8s_cluster, ns, simple_pod("plain"))
+    path = f"/api/v1/namespaces/{ns}/pods"
+    api = k8s_cluster.api()
+
+    def running(name: str) -> dict[str, Any] | None:
+        pod: dict[str, Any] = api.get(f"{path}/{name}")
+        return pod if (pod.get("status") or {}).get("phase") == "Running" else None
+
+    wait_until(
+        lambda: running("probed") is not None and running("plain") is not None,
+        60,
+        "both pods Running",
+    )
+    wait_until(lambda: pod_ready(api.get(f"{path}/plain")), 60, "the plain pod Ready")
+    probed = api.get(f"{path}/probed")
+    assert probed["status"]["podIP"]
+    assert _condition_of(probed, "Ready") == "False"
+    assert _condition_of(probed, "ContainersReady") == "False"
+    assert [c["ready"] for c in probed["status"]["containerStatuses"]] == [False]
+    assert probed["status"]["containerStatuses"][0]["state"]["running"]
+
+    probed["status"] = with_readiness(probed["status"], "app", True)
+    status, body = api.request("PUT", f"{path}/probed/status", probed)
+    assert status == 200, body
+    now = api.get(f"{path}/probed")
+    assert pod_ready(now) and _condition_of(now, "ContainersReady") == "True"
+    assert now["status"]["podIP"] == probed["status"]["podIP"]
+    k8s_cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
 
 # --------------------------------------------------------------------------- RBAC

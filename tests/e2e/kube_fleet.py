@@ -7,8 +7,9 @@ Deployment the operator made for it. Everything in between is the cluster's job:
 webhook injects ``MCP_EPOCH`` into every pod, the operator binds, drains and retires the pod
 epochs in the epoch service, the Deployment controller replaces the pods one at a time
 (``maxSurge: 1``, ``maxUnavailable: 0``), and kwok makes them Running and finishes deletions.
-The :class:`~tests.e2e.podrunner.PodRunner` stands in for the kubelet's container runtime:
-a local process per Running pod, with that pod's environment, in and out of the balancer.
+The :class:`~tests.e2e.podrunner.PodRunner` stands in for the kubelet's container runtime and
+readiness prober: a local process per Running pod, with that pod's environment, in and out of
+the balancer, and the pod Ready once its probe passes.
 
 The driver never calls the epoch service itself (unlike the local fleet, which plays the
 operator): every epoch a replica holds reached it through the API server.
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from epochsvc.demo.fleet import FleetDriver, Kind, Replica, ReplicaSetListener
+from tests.cluster.kwok_stages import PROBER_LABEL, PROBER_VALUE
 from tests.e2e.podrunner import KubeAccess, PodProcess, PodRunner
 
 Log = Callable[[str], None]
@@ -53,7 +55,8 @@ def mcpserver_manifest(
     """The ``McpServer`` of one fleet: the demo replica as the container command, the pod
     name as the replica's name (``$(MCP_POD_NAME)``, expanded as a kubelet would), serving on
     its pod IP and container port, rollouts one pod at a time with no capacity lost, a short
-    preStop wait and drain, and the replica token through a Secret reference."""
+    preStop wait and drain, the replica token through a Secret reference, and its readiness
+    (the operator's default probe, ``/readyz``) reported by the pod runner."""
     return {
         "apiVersion": API_VERSION,
         "kind": "McpServer",
@@ -86,7 +89,11 @@ def mcpserver_manifest(
                 "eventsPerSecond": max(1, math.ceil(buffer_events / RECONNECT_WINDOW_S)),
             },
             "epochService": {"tokenSecretRef": {"name": token_secret, "key": "token"}},
-            "podLabels": {"app.kubernetes.io/part-of": "mcp-epoch-demo"},
+            # The pod runner, not kwok, says when a pod is Ready: when its probe passes.
+            "podLabels": {
+                "app.kubernetes.io/part-of": "mcp-epoch-demo",
+                PROBER_LABEL: PROBER_VALUE,
+            },
         },
     }
 
@@ -183,10 +190,9 @@ class KubernetesFleet(FleetDriver):
         )
 
     async def rolling_deploy(self, pause: float) -> None:
-        """``kubectl rollout restart``, paced by the ``minReadySeconds`` the operator sets from
-        ``spec.drain`` (kwok reports a pod Ready the moment it runs, without probes; without a
-        minimum ready time the Deployment controller would delete every old pod within a
-        second, before the runner's new processes serve). ``pause`` is that spec's value."""
+        """``kubectl rollout restart``: the Deployment controller stops an old pod once a new
+        one has been Ready (its readiness probe passed, so its process serves) for the
+        ``minReadySeconds`` the operator sets from ``spec.drain`` (``pause``)."""
         deployment = f"deployment/{self.name}"
         ns = ("-n", self.namespace)
         old = {p.uid for p in self.runner.serving()}

@@ -13,11 +13,18 @@ SIGKILL at the end of the grace period (counted from the deletion, preStop inclu
 balancer learns of it *concurrently*, from the Service's EndpointSlices: a pod leaves the
 rotation when the EndpointSlice controller marks its endpoint not ready, whenever that is.
 
+For a pod labelled for it (:data:`~tests.cluster.kwok_stages.PROBER_LABEL`), which kwok starts
+Running but not ready, the runner also plays the kubelet's readiness prober
+(:mod:`tests.e2e.prober`): it probes the container's ``readinessProbe`` once the process serves
+and writes the pod's ``Ready`` condition, so the Deployment controller counts a new pod only
+once it serves and the EndpointSlice controller follows the probe.
+
 What it deliberately does not emulate: images (the command runs with this machine's Python),
-probes, restarts, volumes. Pod IPs are real: the control plane hands out loopback addresses
-(``127.244.0.0/16``, all local on Linux), so a process binds its pod's IP and container port,
-and the address the operator records for forwarding reaches it. The demo's replica
-(:mod:`epochsvc.demo.replica`) prints one JSON line ``{"port": ..., "epoch": ...}`` on start.
+liveness and startup probes, restarts, volumes. Pod IPs are real: the control plane hands out
+addresses of the benchmarking range (``198.18.0.0/16``, routed to the loopback device), so a
+process binds its pod's IP and container port, and the address the operator records for
+forwarding reaches it. The demo's replica (:mod:`epochsvc.demo.replica`) prints one JSON line
+``{"port": ..., "epoch": ...}`` on start.
 
 Only loopback addresses carry traffic; the API server is reached with the credentials given in
 :class:`KubeAccess` (the admin identity of the local control plane in the tests).
@@ -42,6 +49,7 @@ import httpx
 
 from epochsvc.demo.fleet import ReplicaSetListener, _wait_serving, drain_report
 from epochsvc.demo.proxy import Backend
+from tests.e2e.prober import ReadinessProber, probe_of, probed_by_runner, with_readiness
 
 Log = Callable[[str], None]
 Pod = dict[str, Any]
@@ -229,6 +237,7 @@ class PodProcess:
     in_rotation: bool = False  # the balancer routes to it
     endpoint_ready: bool = False  # its EndpointSlice endpoint has been ready
     held: bool = False  # the runner's finalizer is on the pod
+    probed: bool = False  # the runner reports its readiness (kwok left it not ready)
     drain: dict[str, float] = field(default_factory=dict)  # the process's drain report
     alive: asyncio.subprocess.Process | None = field(default=None, repr=False)  # until it exits
     env_epoch: str = ""  # MCP_EPOCH the process was given
@@ -242,6 +251,7 @@ class PodProcess:
     proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+    prober: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def serving(self) -> bool:
@@ -335,7 +345,12 @@ class PodRunner:
                     await task
         for pp in list(self._pods.values()):
             self._gone(pp)
-        tasks = [t for pp in self._pods.values() for t in (pp.task, pp.watcher) if t is not None]
+        tasks = [
+            t
+            for pp in self._pods.values()
+            for t in (pp.task, pp.watcher, pp.prober)
+            if t is not None
+        ]
         await asyncio.gather(*tasks, *self._stops, return_exceptions=True)
         if self._api is not None:
             await self._api.aclose()
@@ -418,6 +433,7 @@ class PodRunner:
             grace=float(30 if grace is None else grace),
             prestop=float(sleep.get("seconds") or 0),
             ip=str((pod.get("status") or {}).get("podIP") or "127.0.0.1"),
+            probed=probed_by_runner(pod),
         )
         self._pods[uid] = pp
         pp.task = asyncio.create_task(self._run(pp, pod), name=f"pod-{pp.pod}")
@@ -445,7 +461,9 @@ class PodRunner:
 
     async def _run(self, pp: PodProcess, pod: Pod) -> None:
         t0 = time.monotonic()
+        container = (pod.get("spec") or {}).get("containers", [{}])[0]
         try:
+            probe = probe_of(container, pp.ip) if pp.probed else None
             await self._hold(pp, pod)
             await self._ip_free(pp)
             await self._launch(pp, pod)
@@ -473,6 +491,9 @@ class PodRunner:
         )
         if pp.proc is not None:
             pp.watcher = asyncio.create_task(self._watch_exit(pp, pp.proc))
+        if pp.probed:  # only now: the pod turns Ready no earlier than its process serves
+            prober = ReadinessProber(probe, lambda ready: self._report_ready(pp, container, ready))
+            pp.prober = asyncio.create_task(self._probing(pp, prober), name=f"probe-{pp.pod}")
 
     async def _watch_exit(self, pp: PodProcess, proc: asyncio.subprocess.Process) -> None:
         """A process that ends while its pod runs is an error the run must show (a kubelet
@@ -522,6 +543,8 @@ class PodRunner:
         if pp.deleted:
             return
         pp.deleted = True
+        if pp.prober is not None:
+            pp.prober.cancel()  # a terminating pod's endpoint is not ready whatever it answers
         self._changed.set()
         if pp.started_at is not None and pp.backend is not None and not pp.exited:
             pp.stopped_at = time.monotonic()
@@ -565,6 +588,47 @@ class PodRunner:
         pp.alive = None
         await self._release(pp)
         self._changed.set()
+
+    # --- readiness, for the pods whose prober the runner plays ---------------------------------
+
+    async def _probing(self, pp: PodProcess, prober: ReadinessProber) -> None:
+        try:
+            await prober.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed status write: the run must show it
+            pp.error = f"pod {pp.pod}: readiness not reported: {exc!r}"
+            self.errors.append(pp.error)
+            self.log(f"  pod runner: {pp.error}")
+
+    async def _report_ready(
+        self, pp: PodProcess, container: Mapping[str, Any], ready: bool
+    ) -> bool:
+        """Write the pod's readiness to its status (read, change, replace; again on a
+        conflict). False when the pod is gone."""
+        assert self._api is not None
+        path = f"{self._path}/{pp.pod}"
+        while True:
+            resp = await self._api.get(path)
+            if resp.status_code == 404:
+                return False
+            resp.raise_for_status()
+            pod = resp.json()
+            if pod["metadata"]["uid"] != pp.uid:
+                return False  # a new pod of the same name
+            pod["status"] = with_readiness(pod.get("status") or {}, str(container["name"]), ready)
+            put = await self._api.put(f"{path}/status", content=json.dumps(pod))
+            if put.status_code == 409:
+                continue  # changed meanwhile (kwok, the scheduler): read it again
+            if put.status_code == 404:
+                return False
+            put.raise_for_status()
+            self.log(
+                f"  pod {pp.pod} readiness probe {'passed' if ready else 'failed'} -> "
+                f"{'Ready' if ready else 'not ready'}"
+            )
+            self._changed.set()
+            return True
 
     # --- the pod object stays while its process runs, as a kubelet keeps it --------------------
 

@@ -139,6 +139,19 @@ def test_drain_comes_from_the_spec_and_an_explicit_grace_period_wins() -> None:
     assert env_map(container)["MCP_EPOCH_DRAIN_SECONDS"] == "0"
 
 
+def test_readiness_probe_is_the_library_readyz_unless_the_spec_gives_one() -> None:
+    container = build_deployment(mcps(), DEFAULTS)["spec"]["template"]["spec"]["containers"][0]
+    probe = container["readinessProbe"]
+    # The named port, so a spec.port change moves the probe with it.
+    assert probe["httpGet"] == {"path": "/readyz", "port": "mcp"}
+    assert container["ports"][0]["name"] == "mcp"
+    own = {"httpGet": {"path": "/app/readyz", "port": 9000}, "periodSeconds": 5}
+    container = build_deployment(mcps(readinessProbe=own), DEFAULTS)["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["readinessProbe"] == own
+
+
 def test_token_secret_from_the_spec_wins_and_none_means_no_token() -> None:
     spec = {"epochService": {"tokenSecretRef": {"name": "mine", "key": "k"}}}
     env = env_map(
