@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from mcp_epoch import api
 from mcp_epoch.contract import FORWARDED_BY_HEADER
 from tests.replica.conftest import RawSession, ServerProc, start_server
 from tests.support.epochsvc_proc import EpochServiceProcess
@@ -31,10 +32,9 @@ TARGET_ADDED_P50_MS = 1.0
 
 def _launch(svc: EpochServiceProcess, name: str) -> ServerProc:
     epoch = svc.issue(NS, SERVER, f"req-{name}")
-    bind = {"pod_name": name, "pod_uid": f"uid-{name}"}
-    svc.op(f"/v1/epochs/{epoch}/bind", bind)
+    svc.send(api.bind(epoch, name, f"uid-{name}"))
     srv = start_server({**svc.replica_env(epoch, NS, SERVER), "MCP_POD_NAME": name})
-    svc.op(f"/v1/epochs/{epoch}/bind", {**bind, "address": f"127.0.0.1:{srv.port}"})
+    svc.send(api.bind(epoch, name, f"uid-{name}", f"127.0.0.1:{srv.port}"))
     return srv
 
 

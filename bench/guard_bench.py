@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from bench.loadgen import Load, run
+from mcp_epoch import api
 from tests.replica.conftest import RawSession, parse_sse
 from tests.support.epochsvc_proc import EpochServiceProcess
 from tests.support.ports import free_port
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds: dict[str, list[tuple[Load, Load]]] = {store: [] for store in STORES}
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
         epoch = svc.issue(NS, SERVER, "req-guard")
-        svc.op(f"/v1/epochs/{epoch}/bind", {"pod_name": "guard", "pod_uid": "uid-guard"})
+        svc.send(api.bind(epoch, "guard", "uid-guard"))
         env = {**svc.replica_env(epoch, NS, SERVER), "MCP_POD_NAME": "guard"}
         for rnd in range(args.rounds):
             for store in STORES if rnd % 2 == 0 else tuple(reversed(STORES)):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import run_longpoll
+from mcp_epoch import api
 from tests.support.epochsvc_proc import EpochServiceProcess
 
 DEFAULT_WAITERS = (1_000, 10_000, 15_000)
@@ -61,8 +62,7 @@ class PeakMemory:
 
 def _one(svc: EpochServiceProcess, waiters: int) -> dict[str, Any]:
     ns, server = SERVER
-    with svc.client() as c:
-        revision = c.get(f"/v1/servers/{ns}/{server}/epochs").json()["revision"]
+    revision = svc.send(api.list_server(ns, server)).revision
     assert svc.proc is not None
     with PeakMemory(svc.proc.pid) as memory:
         result = run_longpoll(

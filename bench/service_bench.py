@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 from bench.loadgen import Load, run
+from mcp_epoch import api
 from tests.support.epochsvc_proc import EpochServiceProcess
 from tests.support.postgres import PostgresServer
 
@@ -20,16 +21,11 @@ SEED_EPOCHS = 256
 
 
 def _seed(svc: EpochServiceProcess) -> list[str]:
-    with svc.client() as c:
-        epochs = []
-        for _ in range(SEED_EPOCHS):
-            r = c.post(
-                "/v1/epochs",
-                json={"namespace": "bench", "server": "lookup", "request_uid": str(uuid.uuid4())},
-            )
-            r.raise_for_status()
-            epochs.append(r.json()["epoch"])
-        return epochs
+    with svc.api() as c:
+        return [
+            c.send(api.issue("bench", "lookup", str(uuid.uuid4()))).epoch
+            for _ in range(SEED_EPOCHS)
+        ]
 
 
 def _measure(svc: EpochServiceProcess, seconds: float) -> dict[tuple[str, int], Load]:

@@ -6,9 +6,11 @@ A server on the official MCP Python SDK adopts it in one line::
 
 served with :func:`serve` (uvicorn, draining on SIGTERM), and a client that wants rejections
 handled for it uses :class:`EpochClient`. The names every
-part agrees on (environment, labels, states, token formats) are in :mod:`mcp_epoch.contract`.
-Everything else is private. ``import mcp_epoch`` needs only ``httpx`` and ``anyio``; the names
-that need the ``mcp`` extra load on first use.
+part agrees on (environment, labels, states, token formats) are in :mod:`mcp_epoch.contract`,
+the epoch service's API (its bodies and calls) in :mod:`mcp_epoch.api`, and the one client of
+that API in :mod:`mcp_epoch.api_client`. Everything else is private. ``import mcp_epoch`` needs
+only ``httpx``, ``anyio`` and ``pydantic``; the names that need the ``mcp`` extra load on first
+use.
 """
 
 from __future__ import annotations

@@ -17,6 +17,12 @@ from tests.support.postgres import PostgresServer
 pytest_plugins = ["tests.cluster.fixtures"]
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """``pytest.mark.anyio`` tests run on asyncio, the loop every part of the product uses."""
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
 def helm() -> Helm:
     """The pinned helm (built from Go modules by tests/cluster, like the control plane) for

@@ -26,8 +26,9 @@ from typing import Literal, Protocol
 import httpx
 
 from epochsvc.demo.proxy import Backend
-from epochsvc.demo.service import EpochService, epoch_path, operator_call
-from mcp_epoch import contract
+from epochsvc.demo.service import EpochService
+from mcp_epoch import api, contract
+from mcp_epoch.api_client import EpochServiceClient
 
 #: What a fleet's replicas run: mcp-epoch, the naive model, or the SDK with its example store.
 Kind = Literal["naive", "epoch", "sdk"]
@@ -119,7 +120,7 @@ class LocalProcessFleet(FleetDriver):
         self._all: list[Replica] = []
         self._live: list[Replica] = []
         self._counter = 0
-        self._ops: httpx.AsyncClient | None = service.client() if service else None
+        self._ops: EpochServiceClient | None = service.client() if service else None
 
     def replicas(self) -> list[Replica]:
         return list(self._all)
@@ -159,15 +160,8 @@ class LocalProcessFleet(FleetDriver):
         epoch = ""
         uid = str(uuid.uuid4())
         if self.service is not None and self._ops is not None:
-            issued = await operator_call(
-                self._ops,
-                "/v1/epochs",
-                {"namespace": NAMESPACE, "server": SERVER, "request_uid": uid},
-            )
-            epoch = str(issued["epoch"])
-            await operator_call(
-                self._ops, epoch_path(epoch, "bind"), {"pod_name": name, "pod_uid": uid}
-            )
+            epoch = (await self._ops.send(api.issue(NAMESPACE, SERVER, uid))).epoch
+            await self._ops.send(api.bind(epoch, name, uid))
             env.update(
                 {
                     contract.ENV_EPOCH: epoch,
@@ -196,8 +190,7 @@ class LocalProcessFleet(FleetDriver):
         await _wait_serving(rep.backend)
         if epoch and self._ops is not None:
             # As the operator does once the pod has an IP: the ledger learns where it serves.
-            body = {"pod_name": name, "pod_uid": uid, "address": f"{backend.host}:{backend.port}"}
-            await operator_call(self._ops, epoch_path(epoch, "bind"), body)
+            await self._ops.send(api.bind(epoch, name, uid, f"{backend.host}:{backend.port}"))
         return rep
 
     async def _retire(self, rep: Replica) -> None:
@@ -205,7 +198,7 @@ class LocalProcessFleet(FleetDriver):
         kubelet stops it, the last two concurrently; once it is gone the epoch is retired."""
         epoch = rep.epoch
         if epoch and self._ops is not None:
-            await operator_call(self._ops, epoch_path(epoch, "drain"))
+            await self._ops.send(api.drain(epoch))
         self._live.remove(rep)
 
         async def leave_rotation() -> None:
@@ -214,7 +207,7 @@ class LocalProcessFleet(FleetDriver):
 
         await asyncio.gather(leave_rotation(), self._stop(rep, self.termination))
         if epoch and self._ops is not None:
-            await operator_call(self._ops, epoch_path(epoch, "retire"))
+            await self._ops.send(api.retire(epoch))
 
     async def _stop(self, rep: Replica, how: Termination | None = None) -> None:
         proc, rep.proc = rep.proc, None

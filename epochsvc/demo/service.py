@@ -1,7 +1,8 @@
 """The epoch service as the demo runs it: ``mcp-epoch serve`` on a fresh SQLite ledger.
 
-The demo plays the operator, so it needs the operator's calls (issue, bind, drain, retire) and
-the replica token to hand to the replicas; both tokens are generated here for this run only.
+The demo plays the operator, so it needs the operator's calls (issue, bind, drain, retire: the
+shared client of :mod:`mcp_epoch.api_client`) and the replica token to hand to the replicas;
+both tokens are generated here for this run only.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote
 
-import httpx
+from mcp_epoch.api_client import EpochServiceClient
 
 _LISTEN = re.compile(r"listening on (http://\S+)")
 
@@ -74,25 +73,6 @@ class EpochService:
             proc.kill()
             proc.wait(5)
 
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> EpochServiceClient:
         """An operator-credentialed client for the lifecycle calls."""
-        return httpx.AsyncClient(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {self.operator_token}"},
-            timeout=10.0,
-        )
-
-
-async def operator_call(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """POST as the operator; anything but 200/201 is a bug in the demo, so it raises."""
-    resp = await client.post(path, json=body or {})
-    if resp.status_code not in (200, 201):
-        raise RuntimeError(f"epoch service: POST {path} -> {resp.status_code} {resp.text[:200]}")
-    data: dict[str, Any] = resp.json()
-    return data
-
-
-def epoch_path(epoch: str, action: str) -> str:
-    return f"/v1/epochs/{quote(epoch, safe='')}/{action}"
+        return EpochServiceClient(self.url, self.operator_token, timeout=10.0)

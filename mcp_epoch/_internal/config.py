@@ -103,7 +103,3 @@ class ReplicaConfig:
                 )
                 return None
         return self.service_token
-
-    def auth_headers(self) -> dict[str, str]:
-        token = self.credential()
-        return {"Authorization": f"Bearer {token}"} if token else {}

@@ -15,12 +15,13 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
+from mcp_epoch import api
 from mcp_epoch._internal.config import ReplicaConfig
-from mcp_epoch._internal.snapshot import EpochSnapshot
+from mcp_epoch._internal.snapshot import EpochRecord, EpochSnapshot
+from mcp_epoch.api_client import EpochServiceClient, EpochServiceError, EpochServiceUnavailable
 from mcp_epoch.contract import MAX_WAIT_SECONDS
 
 log = logging.getLogger(__name__)
@@ -28,14 +29,6 @@ log = logging.getLogger(__name__)
 
 class CredentialsRefused(RuntimeError):
     """The epoch service answered 401/403: retrying will not help until someone acts."""
-
-
-def _code(resp: httpx.Response) -> str | None:
-    try:
-        code = resp.json().get("code")
-    except (ValueError, AttributeError):
-        return None
-    return code if isinstance(code, str) else None
 
 
 class LiveEpochView:
@@ -53,10 +46,9 @@ class LiveEpochView:
         max_backoff: float = 2.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._url = (
-            f"{service_url.rstrip('/')}/v1/servers/"
-            f"{quote(namespace, safe='')}/{quote(server, safe='')}/epochs"
-        )
+        self._service_url = service_url
+        self._namespace = namespace
+        self._server = server
         # A callable is asked before every poll (a projected token file rotates in place).
         self._token = token
         self._wait = min(max(wait, 0.0), MAX_WAIT_SECONDS)
@@ -81,10 +73,6 @@ class LiveEpochView:
         if not (config.service_url and config.namespace and config.server):
             return None
         return cls(config.service_url, config.namespace, config.server, config.credential, **kwargs)
-
-    def _headers(self) -> dict[str, str]:
-        token = self._token() if callable(self._token) else self._token
-        return {"Authorization": f"Bearer {token}"} if token else {}
 
     @property
     def snapshot(self) -> EpochSnapshot:
@@ -120,32 +108,40 @@ class LiveEpochView:
                 self._changed.wait(left)
             return True
 
-    async def poll_once(self, client: httpx.AsyncClient, since: int | None) -> EpochSnapshot:
-        params: list[tuple[str, str | int | float | bool | None]] = []
-        if since is not None:
-            params = [("since", since), ("wait", self._wait)]
-        resp = await client.get(self._url, params=params, headers=self._headers())
-        if resp.status_code in (401, 403) and _code(resp) != "not-bound":
-            raise CredentialsRefused(
-                f"the epoch service refused this replica's credentials ({resp.status_code}): "
-                "this process keeps its last copy of the ledger and cannot learn of new or "
-                "retired epochs, and reports not ready; check the pod's projected token "
-                "(MCP_EPOCH_SERVICE_TOKEN_FILE, audience mcp-epoch) or MCP_EPOCH_SERVICE_TOKEN"
-            )
-        if resp.status_code != 200:
-            raise RuntimeError(f"epoch list answered {resp.status_code}: {resp.text[:200]}")
-        return EpochSnapshot.from_json(resp.json())
+    async def poll_once(self, client: EpochServiceClient, since: int | None) -> EpochSnapshot:
+        wait = self._wait if since is not None else None
+        try:
+            listing = await client.once(api.list_server(self._namespace, self._server, since, wait))
+        except EpochServiceError as exc:
+            if exc.status in (401, 403) and exc.code != "not-bound":
+                raise CredentialsRefused(
+                    f"the epoch service refused this replica's credentials ({exc.status}): "
+                    "this process keeps its last copy of the ledger and cannot learn of new or "
+                    "retired epochs, and reports not ready; check the pod's projected token "
+                    "(MCP_EPOCH_SERVICE_TOKEN_FILE, audience mcp-epoch) or "
+                    "MCP_EPOCH_SERVICE_TOKEN"
+                ) from None
+            raise
+        records = [EpochRecord(e.epoch, e.state, e.incarnation, e.address) for e in listing.epochs]
+        return EpochSnapshot.of(listing.ledger_id, listing.revision, records)
 
     async def follow(self) -> None:
         """Run forever: long-poll, publish, back off on errors (keeping the last snapshot)."""
         backoff = self._min_backoff
         timeout = httpx.Timeout(5.0, read=self._wait + 10.0)
-        async with httpx.AsyncClient(timeout=timeout, transport=self._transport) as client:
+        async with EpochServiceClient(
+            self._service_url, self._token, timeout=timeout, transport=self._transport
+        ) as client:
             since: int | None = None
             while True:
                 try:
                     snap = await self.poll_once(client, since)
-                except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+                except (
+                    EpochServiceError,
+                    EpochServiceUnavailable,
+                    RuntimeError,
+                    ValueError,
+                ) as exc:
                     if isinstance(exc, CredentialsRefused):
                         self._refused(exc)
                     else:

@@ -12,12 +12,16 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import quote
 
 import httpx
 
+from mcp_epoch import api
 from mcp_epoch._internal.config import ReplicaConfig
+from mcp_epoch.api_client import (
+    EpochServiceError,
+    EpochServiceUnavailable,
+    SyncEpochServiceClient,
+)
 from mcp_epoch.contract import (
     FALLBACK_INCARNATION_MIN,
     LEDGER_PREFIX_LEN,
@@ -50,24 +54,19 @@ BIND_WAIT_SECONDS = 30.0
 
 
 def _register(
-    client: httpx.Client, config: ReplicaConfig, pod: PodEpoch
+    client: SyncEpochServiceClient, config: ReplicaConfig, pod: PodEpoch
 ) -> tuple[ProcessEpoch | None, str, str | None]:
-    """(epoch or None, what happened, the service's error code)."""
-    body: dict[str, Any] = {}
-    if config.pod_name:
-        body["pod_name"] = config.pod_name
-    if config.pod_uid:
-        body["pod_uid"] = config.pod_uid
-    url = f"{config.service_url}/v1/epochs/{quote(str(pod), safe='')}/incarnations"
-    resp = client.post(url, json=body, headers=config.auth_headers())
-    if resp.status_code != 201:
-        try:
-            code = resp.json().get("code")
-        except ValueError:
-            code = None
-        return None, f"service answered {resp.status_code} ({code or 'no code'})", code
-    data = resp.json()
-    epoch = ProcessEpoch.parse(data["process_epoch"])
+    """(epoch or None, what happened, the service's error code or ``unreachable``)."""
+    try:
+        call = api.register_incarnation(str(pod), config.pod_name or None, config.pod_uid or None)
+        answer = client.send(call)
+        epoch = ProcessEpoch.parse(answer.process_epoch)
+    except EpochServiceUnavailable as exc:
+        return None, f"cannot register: {exc}", "unreachable"
+    except EpochServiceError as exc:
+        return None, f"service answered {exc.status} ({exc.code})", exc.code
+    except ValueError as exc:  # a pod name or UID the API would refuse, a malformed answer
+        return None, f"cannot register: {exc}", None
     if epoch.pod != pod:
         return None, f"service returned {epoch} for pod epoch {pod}", None
     return epoch, "registered", None
@@ -101,12 +100,11 @@ def start_process_epoch(
     if cfg.service_url:
         bind_deadline = time.monotonic() + bind_wait
         failures = 0
-        with httpx.Client(timeout=timeout, transport=transport) as client:
+        with SyncEpochServiceClient(
+            cfg.service_url, cfg.credential, timeout=timeout, transport=transport
+        ) as client:
             while True:
-                try:
-                    epoch, detail, code = _register(client, cfg, pod)
-                except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-                    epoch, detail, code = None, f"cannot register: {exc!r}", "unreachable"
+                epoch, detail, code = _register(client, cfg, pod)
                 if epoch is not None:
                     log.info("process epoch %s registered", epoch)
                     return ProcessStart(epoch, True, detail)

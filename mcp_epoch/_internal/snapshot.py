@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
-from mcp_epoch.contract import STATES, State
+from mcp_epoch.contract import State
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,22 +21,6 @@ class EpochRecord:
     state: State
     incarnation: int | None  # newest registered incarnation, or None
     address: str | None = None  # host:port the pod serves on (from the API server), or None
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> EpochRecord:
-        epoch = obj.get("epoch")
-        state = obj.get("state")
-        inc = obj.get("incarnation")
-        address = obj.get("address")
-        if not isinstance(epoch, str):
-            raise ValueError(f"epoch object without a string 'epoch': {obj!r:.200}")
-        if state not in STATES:
-            raise ValueError(f"epoch {epoch}: unknown state {state!r}")
-        if inc is not None and (isinstance(inc, bool) or not isinstance(inc, int) or inc < 0):
-            raise ValueError(f"epoch {epoch}: bad incarnation {inc!r}")
-        if address is not None and (not isinstance(address, str) or not 0 < len(address) <= 300):
-            raise ValueError(f"epoch {epoch}: bad address {address!r:.100}")
-        return cls(epoch, state, inc, address)
 
 
 def _empty() -> Mapping[str, EpochRecord]:
@@ -55,26 +38,6 @@ class EpochSnapshot:
     @property
     def ledger8(self) -> str | None:
         return None if self.ledger_id is None else self.ledger_id[:8]
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> EpochSnapshot:
-        """Parse the body of ``GET /v1/servers/{ns}/{server}/epochs``."""
-        ledger_id = obj.get("ledger_id")
-        revision = obj.get("revision")
-        items = obj.get("epochs")
-        if not isinstance(ledger_id, str) or len(ledger_id) < 8:
-            raise ValueError(f"epoch list without a ledger_id: {ledger_id!r}")
-        if isinstance(revision, bool) or not isinstance(revision, int):
-            raise ValueError(f"epoch list without an integer revision: {revision!r}")
-        if not isinstance(items, list):
-            raise ValueError("epoch list without an 'epochs' array")
-        records = {}
-        for item in items:
-            if not isinstance(item, Mapping):
-                raise ValueError(f"epoch entry is not an object: {item!r:.200}")
-            rec = EpochRecord.from_json(item)
-            records[rec.epoch] = rec
-        return cls(ledger_id, revision, MappingProxyType(records))
 
     @classmethod
     def of(cls, ledger_id: str, revision: int, records: list[EpochRecord]) -> EpochSnapshot:

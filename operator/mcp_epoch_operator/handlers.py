@@ -14,14 +14,12 @@ from typing import Any, cast
 
 import kopf
 
+from mcp_epoch import api
+from mcp_epoch.api_client import EpochServiceError, EpochServiceUnavailable
 from mcp_epoch_operator import kube as kube_mod
 from mcp_epoch_operator import reconcile
 from mcp_epoch_operator.config import OperatorConfig
-from mcp_epoch_operator.epochs import (
-    EpochServiceClient,
-    EpochServiceError,
-    EpochServiceUnavailable,
-)
+from mcp_epoch_operator.epochs import WEBHOOK_POLICY, connect
 from mcp_epoch_operator.names import (
     GROUP,
     MANAGED_BY_LABEL,
@@ -107,7 +105,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             )
         kube = kube_mod.KubeClient(lambda: kube_mod.login(settings))
         verify: Any = str(config.epoch_service_ca) if config.epoch_service_ca else True
-        svc = EpochServiceClient(config.epoch_service_url, config.operator_token, verify=verify)
+        svc = connect(config.epoch_service_url, config.operator_token, verify)
         rt = Runtime(config, kube, svc)
         state["runtime"] = rt
         if config.register_webhook:
@@ -149,7 +147,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         key = (target.namespace, target.server)
         try:
             issued = await rt.svc_call(
-                lambda: rt.svc.issue(target.namespace, target.server, target.request_uid)
+                api.issue(target.namespace, target.server, target.request_uid), WEBHOOK_POLICY
             )
         except EpochServiceUnavailable as exc:
             message = refusal_message(target, config.epoch_service_url, str(exc))
@@ -165,7 +163,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             raise kopf.AdmissionError(
                 message, code=exc.status if exc.status < 500 else 503
             ) from None
-        epoch = str(issued["epoch"])
+        epoch = issued.epoch
         patch.fns.append(
             lambda body: inject(cast(dict[str, Any], body), epoch, target.server, config.replica)
         )
@@ -174,7 +172,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             key,
             "Normal",
             "EpochIssued",
-            f"issued pod epoch {epoch} (generation {issued['generation']}) for a new pod "
+            f"issued pod epoch {epoch} (generation {issued.generation}) for a new pod "
             f"of {target.namespace}/{target.server}",
         )
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from mcp_epoch import api, api_client
+from mcp_epoch.api_client import EpochServiceError, EpochServiceUnavailable
 from mcp_epoch.contract import ACTIVE_STATES
 from mcp_epoch_operator import lifecycle, resync, status
-from mcp_epoch_operator.epochs import (
-    BACKGROUND_POLICY,
-    PROBE_POLICY,
-    EpochServiceError,
-    EpochServiceUnavailable,
-)
+from mcp_epoch_operator.epochs import BACKGROUND_POLICY, PROBE_POLICY
 from mcp_epoch_operator.kube import KubeError
 from mcp_epoch_operator.names import SERVER_LABEL
 from mcp_epoch_operator.resources import build_deployment, build_service
@@ -56,7 +53,7 @@ async def run_calls(rt: Runtime, key: Key, calls: list[lifecycle.Call]) -> bool:
     for call in calls:
         try:
             await rt.svc_call(
-                lambda c=call: rt.svc.call(c.verb, c.epoch, c.pod_name, c.pod_uid, c.address)  # type: ignore[misc]
+                api.lifecycle(call.verb, call.epoch, call.pod_name, call.pod_uid, call.address)
             )
         except EpochServiceUnavailable as exc:
             log.warning(
@@ -82,6 +79,14 @@ async def run_calls(rt: Runtime, key: Key, calls: list[lifecycle.Call]) -> bool:
     return True
 
 
+async def ledger_of(
+    rt: Runtime, ns: str, name: str, policy: api_client.RetryPolicy | None = None
+) -> list[dict[str, Any]]:
+    """The server's epochs as the plain dicts the resync and status functions take."""
+    listing = await rt.svc_call(api.list_server(ns, name), policy)
+    return [e.model_dump(mode="json") for e in listing.epochs]
+
+
 async def sync_server(rt: Runtime, key: Key, reapply: bool) -> None:
     """Owned objects (if an McpServer), ledger vs pods, then status."""
     ns, name = key
@@ -98,8 +103,7 @@ async def sync_server(rt: Runtime, key: Key, reapply: bool) -> None:
     ledger: list[dict[str, Any]] | None
     try:
         policy = BACKGROUND_POLICY if rt.reach.reachable else PROBE_POLICY
-        listing = await rt.svc_call(lambda: rt.svc.list_server(ns, name, policy))
-        ledger = list(listing["epochs"])
+        ledger = await ledger_of(rt, ns, name, policy)
     except (EpochServiceUnavailable, EpochServiceError) as exc:
         log.info("ledger of %s/%s not readable: %s", ns, name, exc)
         ledger = None
@@ -111,8 +115,7 @@ async def sync_server(rt: Runtime, key: Key, reapply: bool) -> None:
                 "resync %s/%s: %s", ns, name, ", ".join(f"{c.verb} {c.epoch}" for c in plan.calls)
             )
             await run_calls(rt, key, plan.calls)
-            listing = await rt.svc_call(lambda: rt.svc.list_server(ns, name))
-            ledger = list(listing["epochs"])
+            ledger = await ledger_of(rt, ns, name)
         if plan.pending_without_pod:
             log.debug(
                 "%s/%s: pending epochs without a pod (the service abandons them after its "

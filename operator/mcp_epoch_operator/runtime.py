@@ -16,16 +16,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from mcp_epoch_operator import lifecycle, reconcile, status
-from mcp_epoch_operator.config import OperatorConfig
-from mcp_epoch_operator.epochs import (
+from pydantic import BaseModel
+
+from mcp_epoch.api import Call, ready
+from mcp_epoch.api_client import (
     EpochServiceClient,
     EpochServiceError,
     EpochServiceUnavailable,
+    RetryPolicy,
 )
+from mcp_epoch_operator import lifecycle, reconcile, status
+from mcp_epoch_operator.config import OperatorConfig
+from mcp_epoch_operator.epochs import READY_POLICY
 from mcp_epoch_operator.events import EventPoster
 from mcp_epoch_operator.kube import KubeClient
 from mcp_epoch_operator.names import SERVER_LABEL
@@ -33,7 +37,7 @@ from mcp_epoch_operator.servers import ServersRecord
 from mcp_epoch_operator.webhook import webhook_configuration
 
 log = logging.getLogger("mcp_epoch_operator")
-T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 Key = tuple[str, str]
 
 
@@ -57,10 +61,10 @@ class Runtime:
 
     # ------------------------------------------------------------------ the epoch service
 
-    async def svc_call(self, fn: Callable[[], Awaitable[T]]) -> T:
+    async def svc_call(self, call: Call[M], policy: RetryPolicy | None = None) -> M:
         """Call the service, keeping ``reach`` current (it feeds every McpServer's status)."""
         try:
-            result = await fn()
+            result = await self.svc.send(call, policy)
         except EpochServiceUnavailable as exc:
             self.set_reachable(False, str(exc))
             raise
@@ -130,7 +134,7 @@ class Runtime:
         """Find every server (McpServers, labelled pods, labelled Deployments, ones seen
         before) and mark it dirty; probe the epoch service."""
         with contextlib.suppress(EpochServiceUnavailable, EpochServiceError):
-            await self.svc_call(self.svc.ready)
+            await self.svc_call(ready(), READY_POLICY)
         namespaces: list[str | None] = (
             list(self.config.namespaces) if self.config.namespaces else [None]
         )

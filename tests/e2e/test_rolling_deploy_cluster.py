@@ -33,6 +33,7 @@ import pytest
 
 from epochsvc.demo import report
 from epochsvc.demo.scenario import FLEETS, FleetName, FleetResult, ScenarioConfig, run_fleet
+from mcp_epoch import api
 from tests.e2e.kube_fleet import KubeFleets, KubernetesFleet
 from tests.e2e.podrunner import KubeAccess
 from tests.operator.support import OperatorProcess, ledger_states, wait_for
@@ -107,10 +108,7 @@ def _check_kubernetes_path(
     for p in pods:
         # The process registered an incarnation of its pod's epoch (not a fallback epoch).
         assert p.process_epoch.startswith(p.env_epoch + "."), (p.pod, p.process_epoch)
-        with service.client() as client:
-            got = client.get(f"/v1/epochs/{p.process_epoch}")
-        assert got.status_code == 200, (p.process_epoch, got.status_code, got.text)
-        assert got.json()["pod_uid"] == p.uid
+        assert service.send(api.get_epoch(p.process_epoch)).pod_uid == p.uid, p.process_epoch
     # The operator retired the epochs of the pods the rollout replaced.
     old = {p.env_epoch for p in first}
     wait_for(

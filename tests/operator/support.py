@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mcp_epoch import api
 from tests.cluster.harness import Cluster
 from tests.support.epochsvc_proc import EpochServiceProcess
 from tests.support.ports import free_port
@@ -226,15 +227,12 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
 
 
-def ledger(service: EpochServiceProcess, ns: str, server: str) -> list[dict[str, Any]]:
-    with service.client() as client:
-        response = client.get(f"/v1/servers/{ns}/{server}/epochs")
-    response.raise_for_status()
-    return list(response.json()["epochs"])
+def ledger(service: EpochServiceProcess, ns: str, server: str) -> list[api.Epoch]:
+    return service.send(api.list_server(ns, server)).epochs
 
 
 def ledger_states(service: EpochServiceProcess, ns: str, server: str) -> dict[str, str]:
-    return {e["epoch"]: e["state"] for e in ledger(service, ns, server)}
+    return {e.epoch: e.state for e in ledger(service, ns, server)}
 
 
 def get_mcps(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
@@ -261,11 +259,11 @@ def settled(
     if len(by_pod) != replicas:
         return None
     entries = ledger(service, ns, name)
-    active = {e["epoch"]: e for e in entries if e["state"] in ("pending", "live", "draining")}
+    active = {e.epoch: e for e in entries if e.state in ("pending", "live", "draining")}
     if set(active) != set(by_pod):
         return None
     for epoch, entry in active.items():
-        if entry["state"] != "live" or entry["pod_uid"] != by_pod[epoch]["metadata"]["uid"]:
+        if entry.state != "live" or entry.pod_uid != by_pod[epoch]["metadata"]["uid"]:
             return None
     mcps = get_mcps(cluster, ns, name)
     status = mcps.get("status") or {}

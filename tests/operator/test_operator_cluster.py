@@ -178,7 +178,7 @@ def test_pods_deleted_while_the_operator_is_stopped_are_retired_after_restart(
     }
     apply(k8s_cluster, loner)
     loner_epoch = wait_for(
-        lambda: {e["epoch"] for e in ledger(op_service, ns, "loner") if e["state"] == "live"},
+        lambda: {e.epoch for e in ledger(op_service, ns, "loner") if e.state == "live"},
         SETTLE,
         "the loner's epoch to be live",
     ).pop()
@@ -314,7 +314,7 @@ def test_plain_labelled_deployment_gets_epochs(
 
     def live_pods() -> list[dict[str, Any]] | None:
         current = pods(k8s_cluster, ns, "legacy")
-        live = {e["pod_uid"] for e in ledger(op_service, ns, "legacy") if e["state"] == "live"}
+        live = {e.pod_uid for e in ledger(op_service, ns, "legacy") if e.state == "live"}
         ok = len(current) == 2 and {p["metadata"]["uid"] for p in current} == live
         return current if ok else None
 

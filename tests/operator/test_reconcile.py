@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 from mcp_epoch_operator import reconcile
 from mcp_epoch_operator.config import OperatorConfig
-from mcp_epoch_operator.epochs import EpochServiceError, EpochServiceUnavailable
 from mcp_epoch_operator.kube import KubeError
 from mcp_epoch_operator.names import EPOCH_ANNOTATION, SERVER_LABEL
 from mcp_epoch_operator.resources import ReplicaDefaults
 from mcp_epoch_operator.runtime import Runtime
+
+from mcp_epoch.api import Call, Epoch, EpochList, Readiness
+from mcp_epoch.api_client import EpochServiceError, EpochServiceUnavailable
 
 NS = "team"
 
@@ -96,6 +98,9 @@ class FakeKube:
         pass
 
 
+LEDGER_ID = "abcd1234" * 4
+
+
 class FakeLedger:
     """The epoch service's answers for one namespace, from a list of epoch dicts."""
 
@@ -115,15 +120,25 @@ class FakeLedger:
             "pod_name": None,
             "pod_uid": pod_uid,
             "incarnation": None,
+            "process_epoch": None,
+            "revision": generation,
             "address": None,
+            "created_at": 0.0,
+            "updated_at": 0.0,
         }
         return epoch
 
-    async def call(
-        self, verb: str, epoch: str, pod_name: str, pod_uid: str, address: str | None = None
-    ) -> dict[str, Any]:
+    async def send(self, call: Call[Any], policy: Any = None) -> Any:
+        """Answer the calls the reconciler makes: lifecycle verbs, a server's list, readiness."""
         if self.down:
             raise EpochServiceUnavailable("connection refused")
+        parts = call.path.strip("/").split("/")
+        if call.path == "/readyz":
+            return Readiness(status="ready", ledger_id=LEDGER_ID)
+        if parts[:2] == ["v1", "servers"]:
+            epochs = [Epoch(**e) for e in self.epochs.values() if e["server"] == parts[3]]
+            return EpochList(ledger_id=LEDGER_ID, revision=1, epochs=epochs)
+        _, _, epoch, verb = parts
         self.calls.append((verb, epoch))
         entry = self.epochs[epoch]
         target = {"bind": "live", "drain": "draining", "retire": "retired"}[verb]
@@ -131,19 +146,11 @@ class FakeLedger:
             raise EpochServiceError(409, "illegal-transition", "already retired")
         entry.update(state=target)
         if verb == "bind":
-            entry.update(pod_name=pod_name, pod_uid=pod_uid, address=address)
-        return entry
-
-    async def list_server(self, namespace: str, server: str, policy: Any = None) -> dict[str, Any]:
-        if self.down:
-            raise EpochServiceUnavailable("connection refused")
-        epochs = [e for e in self.epochs.values() if e["server"] == server]
-        return {"ledger_id": "abcd1234" * 4, "revision": 1, "epochs": epochs}
-
-    async def ready(self) -> dict[str, Any]:
-        if self.down:
-            raise EpochServiceUnavailable("connection refused")
-        return {"status": "ready"}
+            body = call.json() or {}
+            entry.update(
+                pod_name=body["pod_name"], pod_uid=body["pod_uid"], address=body.get("address")
+            )
+        return Epoch(**entry)
 
     async def aclose(self) -> None:
         pass

@@ -16,11 +16,6 @@ from tests.replica.inprocess import running
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class CutAfterAnswer:
     """A TCP proxy that, once, delivers a client's answer to the server and then cuts the
     connection before the server's ``202 Accepted`` gets back: the answer arrived, the client

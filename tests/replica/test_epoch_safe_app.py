@@ -16,11 +16,6 @@ from tests.support.epochsvc_proc import EpochServiceProcess
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def server() -> MCPServer:
     mcp = MCPServer("one-line")
 

@@ -20,11 +20,6 @@ from mcp_epoch.contract import ProcessEpoch
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 OWNER = ProcessEpoch.parse("0123abcd-7.0")
 
 

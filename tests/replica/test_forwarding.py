@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from mcp_epoch import api
 from mcp_epoch.contract import FORWARDED_BY_HEADER, FORWARDED_TO_HEADER, REJECTED_HEADER
 from tests.replica.conftest import RawSession, ServerProc, parse_sse, progress_of, start_server
 from tests.support.epochsvc_proc import EpochServiceProcess
@@ -38,11 +39,10 @@ class Replica:
 def launch(svc: EpochServiceProcess, name: str, log: Path | None = None, **env: str) -> Replica:
     """Issue, bind, start, then bind again with the address: the order a pod goes through."""
     pod_epoch = svc.issue(NS, SERVER, f"req-{name}")
-    bind = {"pod_name": name, "pod_uid": f"uid-{name}"}
-    svc.op(f"/v1/epochs/{pod_epoch}/bind", bind)
+    svc.send(api.bind(pod_epoch, name, f"uid-{name}"))
     env = {**svc.replica_env(pod_epoch, NS, SERVER), "MCP_POD_NAME": name, **env}
     srv = start_server(env, log=log)
-    svc.op(f"/v1/epochs/{pod_epoch}/bind", {**bind, "address": f"127.0.0.1:{srv.port}"})
+    svc.send(api.bind(pod_epoch, name, f"uid-{name}", f"127.0.0.1:{srv.port}"))
     return Replica(srv, pod_epoch)
 
 
@@ -147,7 +147,7 @@ def test_a_session_whose_owner_is_gone_is_rejected_not_forwarded(
     s.url = b.url
     r, _ = s.post("ping")
     assert r.status_code == 404 and r.headers[REJECTED_HEADER] == "retired"
-    epoch_service.op(f"/v1/epochs/{a.pod_epoch}/retire")
+    epoch_service.send(api.retire(a.pod_epoch))
     r, _ = s.post("ping")
     assert r.status_code == 404 and r.headers[REJECTED_HEADER] == "retired"
 

@@ -25,11 +25,6 @@ from mcp_epoch.contract import PodEpoch, ProcessEpoch
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def step(n: int) -> JSONRPCNotification:
     return JSONRPCNotification(
         jsonrpc="2.0", method="notifications/progress", params={"progressToken": 1, "progress": n}

@@ -16,11 +16,6 @@ from tests.replica.conftest import ServerProc
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_sdk_client_resumes_transparently_on_same_process(server: ServerProc) -> None:
     progress: list[float] = []
 

@@ -32,11 +32,6 @@ from tests.replica.inprocess import EPOCH, Session, running
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Recording(EpochEventStore):
     """The real store, noting what the SDK hands it and from which session context."""
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from mcp_epoch import api
 from mcp_epoch._internal.config import ReplicaConfig
 from mcp_epoch._internal.liveview import LiveEpochView
 from mcp_epoch._internal.process import start_process_epoch
@@ -39,7 +40,7 @@ def test_live_view_follows_changes_and_survives_service_restart(
         time.sleep(0.5)
         assert view.last_error is not None and view.snapshot.epochs[e1].state == "live"
         svc.start()  # same ledger file, same port
-        svc.op(f"/v1/epochs/{e1}/drain")
+        svc.send(api.drain(e1))
         assert view.wait_for(lambda s: _state_of(s, e1) == "draining", 15)
         e2 = svc.live("ns", "srv", "b")
         assert view.wait_for(lambda s: _state_of(s, e2) == "live", 10)
@@ -78,7 +79,7 @@ def test_process_start_registers_incarnations_and_falls_back(
     assert not fb.registered and str(fb.epoch.pod) == e
     assert fb.epoch.incarnation >= FALLBACK_INCARNATION_MIN
     # Retired pod epoch: the service refuses (409), the process falls back.
-    svc.op(f"/v1/epochs/{e}/retire")
+    svc.send(api.retire(e))
     refused = start_process_epoch(cfg)
     assert not refused.registered and "409" in refused.detail
 
@@ -110,9 +111,9 @@ def test_foreign_cursor_reasons_follow_the_ledger_and_zombies_refuse(
     cursor = [e.id for e in first if e.id][-1]
     sb = RawSession(b.url, http).initialize()
     assert _reject_reason(sb, cursor, "live-elsewhere") == "live-elsewhere"
-    svc.op(f"/v1/epochs/{ea}/drain")
+    svc.send(api.drain(ea))
     assert _reject_reason(sb, cursor, "draining") == "draining"
-    svc.op(f"/v1/epochs/{ea}/retire")
+    svc.send(api.retire(ea))
     assert _reject_reason(sb, cursor, "retired") == "retired"
     # A is now a zombie: its own cursors and new sessions are refused with "retired".
     assert _reject_reason(sa, cursor, "retired") == "retired"

@@ -23,6 +23,7 @@ from alembic.runtime.migration import MigrationContext
 from epochsvc.service.store import migrate, open_store
 from epochsvc.service.store.engines import driver_url as _driver_url
 from epochsvc.service.store.schema import metadata
+from mcp_epoch import api
 from tests.conftest import ServiceFactory
 from tests.support.postgres import PostgresServer
 
@@ -73,11 +74,8 @@ def test_a_0_1_ledger_is_upgraded_in_place_and_keeps_every_epoch(
     # The generation counter goes on from where 0.1 left it: never a repeat.
     assert svc.issue("ns", "echo", "after-upgrade") == f"{prefix}-6"
     # An old live epoch takes its address through a repeated bind of the same pod ...
-    bound = svc.op(
-        f"/v1/epochs/{prefix}-1/bind",
-        {"pod_name": "p0", "pod_uid": "uid-0", "address": "10.1.2.3:8080"},
-    )
-    assert bound["address"] == "10.1.2.3:8080" and bound["state"] == "live"
+    bound = svc.send(api.bind(f"{prefix}-1", "p0", "uid-0", "10.1.2.3:8080"))
+    assert bound.address == "10.1.2.3:8080" and bound.state == "live"
     # ... and the upgraded ledger opens again unchanged (the upgrade is done once).
     svc.restart()
     again = svc.client().get(f"/v1/epochs/{prefix}-1").json()

@@ -11,11 +11,19 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import httpx
+from pydantic import BaseModel
+
+from mcp_epoch import api
+from mcp_epoch.api import Call
+from mcp_epoch.api_client import SyncEpochServiceClient
 
 _LISTEN_RE = re.compile(r"listening on (http://\S+)")
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class EpochServiceProcess:
@@ -125,41 +133,43 @@ class EpochServiceProcess:
 
     # --- operator-side shortcuts for tests -----------------------------------------------
 
-    def op(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """POST as the operator; the call must succeed."""
-        with self.client() as c:
-            r = c.post(path, json=body)
-        assert r.status_code in (200, 201), (path, r.status_code, r.text)
-        return dict(r.json())
+    def api(self, token: str | None = None) -> SyncEpochServiceClient:
+        """The shared typed client, as the operator (or with ``token``)."""
+        return SyncEpochServiceClient(self.url, token or self.operator_token)
+
+    def send(self, call: Call[M]) -> M:
+        """One call as the operator; it must succeed."""
+        with self.api() as client:
+            return client.send(call)
 
     def issue(self, namespace: str, server: str, uid: str) -> str:
-        body = {"namespace": namespace, "server": server, "request_uid": uid}
-        return str(self.op("/v1/epochs", body)["epoch"])
+        return self.send(api.issue(namespace, server, uid)).epoch
 
     def live(self, namespace: str, server: str, uid: str) -> str:
         """Issue and bind a pod epoch, as the webhook and the operator would."""
         epoch = self.issue(namespace, server, uid)
-        self.op(f"/v1/epochs/{epoch}/bind", {"pod_name": f"pod-{uid}", "pod_uid": f"uid-{uid}"})
+        self.send(api.bind(epoch, f"pod-{uid}", f"uid-{uid}"))
         return epoch
 
     def replica_env(self, epoch: str, namespace: str, server: str) -> dict[str, str]:
         """The environment the operator gives an MCP server container: a bound epoch's pod
         name and UID come from the ledger, as a real pod reads its own (Downward API)."""
-        with self.client() as c:
-            record = c.get(f"/v1/epochs/{epoch}").json()
+        record = self.send(api.get_epoch(epoch))
         env = {
             "MCP_EPOCH": epoch,
             "MCP_EPOCH_SERVICE_URL": self.url,
             "MCP_EPOCH_SERVICE_TOKEN": self.replica_token,
             "MCP_SERVER_NAMESPACE": namespace,
             "MCP_SERVER_NAME": server,
-            "MCP_POD_NAME": record.get("pod_name") or f"pod-{epoch}",
+            "MCP_POD_NAME": record.pod_name or f"pod-{epoch}",
         }
-        if record.get("pod_uid"):
-            env["MCP_POD_UID"] = record["pod_uid"]
+        if record.pod_uid:
+            env["MCP_POD_UID"] = record.pod_uid
         return env
 
     def client(self, token: str | None = None, timeout: float = 10.0) -> httpx.Client:
+        """Raw HTTP as the operator (or with ``token``): for tests of the API's own surface
+        (statuses, headers, bodies the models would refuse to build)."""
         headers = {"Authorization": f"Bearer {token or self.operator_token}"}
         return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 

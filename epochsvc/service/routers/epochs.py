@@ -17,7 +17,9 @@ from epochsvc.service.deps import (
     parse_any_epoch,
 )
 from epochsvc.service.lifecycle import Action, State
-from epochsvc.service.models import (
+from epochsvc.service.models import epoch_of, fields_of
+from epochsvc.service.store.base import UnknownEpoch
+from mcp_epoch.api import (
     BindRequest,
     Epoch,
     EpochLookup,
@@ -26,7 +28,6 @@ from epochsvc.service.models import (
     IncarnationRequest,
     IssueRequest,
 )
-from epochsvc.service.store.base import UnknownEpoch
 from mcp_epoch.contract import ProcessEpoch
 
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -59,7 +60,7 @@ async def issue_epoch(
         metrics.issued.labels(body.namespace, body.server).inc()
     else:
         response.status_code = status.HTTP_200_OK
-    return Epoch.of(record)
+    return epoch_of(record)
 
 
 async def _transition(
@@ -78,7 +79,7 @@ async def _transition(
     )
     # After a no-op write its waiters find nothing newer and simply wait on.
     notifier.notify_server(record.namespace, record.server)
-    return Epoch.of(record)
+    return epoch_of(record)
 
 
 @router.post("/{epoch}/bind", response_model=Epoch)
@@ -131,7 +132,7 @@ async def register_incarnation(
     return Incarnation(
         process_epoch=record.process_epoch,
         incarnation=record.incarnation,
-        epoch=Epoch.of(shown(record, caller)),
+        epoch=epoch_of(shown(record, caller)),
     )
 
 
@@ -149,5 +150,7 @@ async def get_epoch(epoch: EpochPath, store: Store, rules: Rules, caller: AnyCal
         if newest is None or parsed.incarnation > newest:
             raise UnknownEpoch(epoch)
         process_state = record.state if parsed.incarnation == newest else State.RETIRED
-        return EpochLookup.of(shown(record, caller), requested=epoch, process_state=process_state)
-    return EpochLookup.of(shown(record, caller), requested=epoch)
+        return EpochLookup(
+            **fields_of(shown(record, caller)), requested=epoch, process_state=process_state
+        )
+    return EpochLookup(**fields_of(shown(record, caller)), requested=epoch)

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Response
 from epochsvc.service.deps import MetricsDep, Notifier, Store
 from epochsvc.service.errors import ApiError
 from epochsvc.service.store.base import StoreUnavailable
+from mcp_epoch.api import Readiness
 
 router = APIRouter(tags=["health"])
 
@@ -18,13 +19,13 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(store: Store) -> dict[str, str]:
+async def readyz(store: Store) -> Readiness:
     """Ready when the store answers."""
     try:
         await store.ping()
     except StoreUnavailable as exc:
         raise ApiError(503, "store-unavailable", str(exc)) from None
-    return {"status": "ready", "ledger_id": store.ledger_id}
+    return Readiness(status="ready", ledger_id=store.ledger_id)
 
 
 @router.get("/metrics")

@@ -10,7 +10,8 @@ from epochsvc.service.access import shown
 from epochsvc.service.auth import AnyCaller
 from epochsvc.service.deps import Config, Lists, Notifier, Rules, Store
 from epochsvc.service.lifecycle import State
-from epochsvc.service.models import Epoch, EpochList, ErrorBody
+from epochsvc.service.models import epoch_of
+from mcp_epoch.api import EpochList, ErrorBody
 from mcp_epoch.contract import DNS1123_LABEL_PATTERN
 
 router = APIRouter(
@@ -59,7 +60,7 @@ async def list_epochs(
         listing = EpochList(
             ledger_id=store.ledger_id,
             revision=snapshot.revision,
-            epochs=[Epoch.of(shown(r, caller)) for r in snapshot.epochs],
+            epochs=[epoch_of(shown(r, caller)) for r in snapshot.epochs],
         )
         return listing.model_dump_json().encode()
 

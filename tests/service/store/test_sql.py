@@ -15,11 +15,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def store(database_url: str) -> AsyncIterator[SqlEpochStore]:
     s = await open_store(database_url)
     await s.attach()

@@ -1,0 +1,214 @@
+"""The epoch service's v1 API as types: every request and response body, and every call.
+
+The service validates requests and writes answers with these very models, and every caller
+(the operator, the replica library, the demo, the tests) parses answers with them, so a field
+means the same thing on both sides of the wire by construction. A :class:`Call` is one request
+with the model of its answer; :mod:`mcp_epoch.api_client` sends it, synchronously or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, TypeVar
+from urllib.parse import quote
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from mcp_epoch.contract import DNS1123_LABEL_PATTERN, LEDGER_PREFIX_LEN, UID_PATTERN, State
+
+K8sName = Annotated[
+    str, StringConstraints(pattern=rf"^{DNS1123_LABEL_PATTERN}$", min_length=1, max_length=63)
+]
+PodName = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        min_length=1,
+        max_length=253,
+    ),
+]
+Uid = Annotated[str, StringConstraints(pattern=rf"^{UID_PATTERN}$", max_length=128)]
+# host:port of a pod: an IPv4 address or DNS name, or a bracketed IPv6 address; port 1-65535.
+Address = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9]([-A-Za-z0-9.]{0,251}[A-Za-z0-9])?)"
+        r":([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$",
+        max_length=300,
+    ),
+]
+
+
+class _Strict(BaseModel):
+    """Request bodies: no unknown field, no coercion (a number is not a name)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class IssueRequest(_Strict):
+    namespace: K8sName
+    server: K8sName = Field(description="the McpServer (or labelled Deployment) name")
+    request_uid: Uid = Field(description="the admission request UID; issuing is idempotent on it")
+
+
+class BindRequest(_Strict):
+    pod_name: PodName
+    pod_uid: Uid
+    address: Address | None = Field(
+        default=None,
+        description="where the pod serves (podIP:port, from the API server); a repeated bind "
+        "of the same pod records it once the pod has an IP",
+    )
+
+
+class IncarnationRequest(_Strict):
+    pod_name: PodName | None = None
+    pod_uid: Uid | None = None
+
+
+class Epoch(BaseModel):
+    """A pod epoch as the ledger holds it. Answers may carry fields a newer service added;
+    they are ignored, not refused."""
+
+    epoch: str
+    generation: int
+    namespace: str
+    server: str
+    state: State
+    pod_name: str | None
+    pod_uid: str | None
+    incarnation: int | None = Field(ge=0, description="the newest incarnation, or null")
+    process_epoch: str | None = Field(description="the newest process epoch, or null")
+    revision: int = Field(description="the ledger revision of this epoch's last change")
+    address: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=300,
+        description="host:port the pod serves on, for forwarding; or null",
+    )
+    created_at: float
+    updated_at: float
+
+
+class EpochLookup(Epoch):
+    """``GET /v1/epochs/{epoch}``; for a process epoch, also that process's own state."""
+
+    requested: str
+    process_state: State | None = Field(
+        default=None,
+        description="for a process epoch: the pod epoch's state if it is the newest "
+        "incarnation, `retired` if a newer one replaced it",
+    )
+
+
+class Incarnation(BaseModel):
+    process_epoch: str
+    incarnation: int
+    epoch: Epoch
+
+
+class EpochList(BaseModel):
+    ledger_id: str = Field(min_length=LEDGER_PREFIX_LEN)
+    revision: int = Field(description="the ledger revision this list is consistent with")
+    epochs: list[Epoch]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class Readiness(BaseModel):
+    status: str
+    ledger_id: str
+
+
+# --- the calls ---------------------------------------------------------------------------------
+
+T = TypeVar("T", bound=BaseModel)
+Params = Sequence[tuple[str, str | int | float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One request of the API and the model of its answer."""
+
+    method: str
+    path: str
+    answer: type[T]
+    body: BaseModel | None = None
+    params: Params = ()
+
+    def json(self) -> dict[str, Any] | None:
+        """The request body as sent (unset optional fields left out)."""
+        return None if self.body is None else self.body.model_dump(mode="json", exclude_none=True)
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
+def issue(namespace: str, server: str, request_uid: str) -> Call[Epoch]:
+    """Issue a pod epoch (a repeated ``request_uid`` returns the one it issued)."""
+    body = IssueRequest(namespace=namespace, server=server, request_uid=request_uid)
+    return Call("POST", "/v1/epochs", Epoch, body)
+
+
+def bind(epoch: str, pod_name: str, pod_uid: str, address: str | None = None) -> Call[Epoch]:
+    body = BindRequest(pod_name=pod_name, pod_uid=pod_uid, address=address)
+    return Call("POST", f"/v1/epochs/{_seg(epoch)}/bind", Epoch, body)
+
+
+def drain(epoch: str) -> Call[Epoch]:
+    return Call("POST", f"/v1/epochs/{_seg(epoch)}/drain", Epoch)
+
+
+def retire(epoch: str) -> Call[Epoch]:
+    return Call("POST", f"/v1/epochs/{_seg(epoch)}/retire", Epoch)
+
+
+def register_incarnation(
+    pod_epoch: str, pod_name: str | None = None, pod_uid: str | None = None
+) -> Call[Incarnation]:
+    """A process start of the pod that holds ``pod_epoch``."""
+    body = IncarnationRequest(pod_name=pod_name, pod_uid=pod_uid)
+    return Call("POST", f"/v1/epochs/{_seg(pod_epoch)}/incarnations", Incarnation, body)
+
+
+def get_epoch(epoch: str) -> Call[EpochLookup]:
+    """A pod epoch or a process epoch."""
+    return Call("GET", f"/v1/epochs/{_seg(epoch)}", EpochLookup)
+
+
+def list_server(
+    namespace: str, server: str, since: int | None = None, wait: float | None = None
+) -> Call[EpochList]:
+    """A server's epochs (tombstones included); with ``since``, a long poll that answers once
+    the ledger's revision has passed it or ``wait`` seconds have gone by."""
+    params: list[tuple[str, str | int | float]] = []
+    if since is not None:
+        params.append(("since", since))
+        if wait is not None:
+            params.append(("wait", wait))
+    return Call(
+        "GET", f"/v1/servers/{_seg(namespace)}/{_seg(server)}/epochs", EpochList, None, params
+    )
+
+
+def ready() -> Call[Readiness]:
+    """The service's readiness (answers 200 only while its store does)."""
+    return Call("GET", "/readyz", Readiness)
+
+
+def lifecycle(
+    verb: str, epoch: str, pod_name: str, pod_uid: str, address: str | None = None
+) -> Call[Epoch]:
+    """One lifecycle verb by name (bind, drain, retire)."""
+    if verb == "bind":
+        return bind(epoch, pod_name, pod_uid, address)
+    if verb == "drain":
+        return drain(epoch)
+    if verb == "retire":
+        return retire(epoch)
+    raise ValueError(f"unknown lifecycle verb {verb!r}")
