@@ -1,4 +1,7 @@
-"""`python -m bench [service|replica|forward|longpoll|guard] [options]`: one benchmark, or all."""
+"""`python -m bench [NAME] [options]`: one benchmark by name, or all of them.
+
+Names: service, replica, forward, longpoll, guard, propagation.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ BENCHES = {
     "forward": "bench.forward_bench",
     "longpoll": "bench.longpoll_bench",
     "guard": "bench.guard_bench",
+    "propagation": "bench.propagation_bench",
 }
 
 
