@@ -33,6 +33,13 @@ from mcp_epoch.contract import (
 )
 
 log = logging.getLogger(__name__)
+#: Holds this process's drain while a relay goes on (``InFlight.relaying``), by owner.
+Hold = Callable[[str], AbstractContextManager[None]]
+
+
+def _no_hold(_owner: str) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -151,13 +158,28 @@ class Forwarder:
         receive: Receive,
         send: Send,
         route: Route,
-        hold: Callable[[str], AbstractContextManager[None]] | None = None,
+        hold: Hold | None = None,
     ) -> None:
-        """Send the request to ``route`` and stream its answer back; ``hold(owner)`` is held
-        while relaying a replay the owner marks as a call's stream. Raises
+        """Send the request to ``route`` and stream its answer back. Raises
         :class:`OwnerUnreachable` when nothing reached the owner (and nothing was sent to the
         client), :class:`OwnerLost` when the owner took the request and went away unanswered.
+
+        ``hold(owner)`` is held for the relays a drain of this process must wait for: a POST
+        from the start until its relay ends (its length is the owner's answer), a GET only
+        while relaying a replay the owner marks as a call's stream. Any other GET is the
+        standalone stream, of unbounded length: a drain does not wait for it, and a client cut
+        off resumes it elsewhere from its cursor.
         """
+        held = hold or _no_hold
+        if scope.get("method") == "POST":
+            with held(str(route.epoch)):
+                await self._forward(scope, receive, send, route, _no_hold)
+        else:
+            await self._forward(scope, receive, send, route, held)
+
+    async def _forward(
+        self, scope: Scope, receive: Receive, send: Send, route: Route, call_stream: Hold
+    ) -> None:
         headers = [(k, v) for k, v in scope["headers"] if bytes(k).lower() not in _HOP_BY_HOP]
         headers.append((FORWARDED_TO_HEADER.encode(), str(route.epoch).encode()))
         path = scope.get("raw_path") or scope["path"].encode()
@@ -181,8 +203,8 @@ class Forwarder:
                 said = (await response.aread())[:200].decode("utf-8", "replace")
                 raise OwnerUnreachable(f"{route.address} is no longer {route.epoch}: {said}")
             self.forwarded += 1
-            call = hold is not None and CALL_STREAM_HEADER in response.headers
-            with hold(str(route.epoch)) if call and hold else contextlib.nullcontext():
+            marked = CALL_STREAM_HEADER in response.headers
+            with call_stream(str(route.epoch)) if marked else contextlib.nullcontext():
                 await self._relay(response, receive, send, route)
         finally:
             await response.aclose()

@@ -15,7 +15,6 @@ This module does not import ``mcp``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -210,20 +209,9 @@ class ResumptionGuard:
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, route: Route) -> bool:
         """True when the owner answered (the answer went to the client); False: unreachable.
-
-        A forwarded POST counts as in flight for this process's drain until its relay ends
-        (its length is the owner's answer), and so does a GET the owner marks as the replay of
-        a call's stream. Any other GET is the standalone stream, of unbounded length: a drain
-        does not wait for it, and a client cut off resumes it elsewhere from its cursor.
-        """
-        relay = (
-            self.inflight.relaying(str(route.epoch))
-            if scope.get("method") == "POST"
-            else contextlib.nullcontext()
-        )
+        The relays a drain waits for count in :attr:`inflight` (see ``Forwarder.forward``)."""
         try:
-            with relay:
-                await self.forwarder.forward(scope, receive, send, route, self.inflight.relaying)
+            await self.forwarder.forward(scope, receive, send, route, self.inflight.relaying)
         except OwnerUnreachable as exc:
             log.warning("owner unreachable, rejecting instead: %s", exc)
             return False
