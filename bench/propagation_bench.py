@@ -34,7 +34,7 @@ from tests.support.epochsvc_proc import EpochServiceProcess
 DEFAULT_FOLLOWERS = (10, 100, 1_000)
 QUICK_FOLLOWERS = (10, 100)
 #: Views per follower process: the service sees one connection per view either way.
-VIEWS_PER_PROCESS = 250
+VIEWS_PER_PROCESS = 125
 TARGET_P99_S = 1.0
 TARGET_AT = 1_000
 NS = "bench"
