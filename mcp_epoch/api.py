@@ -132,8 +132,10 @@ Params = Sequence[tuple[str, str | int | float]]
 
 @dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
-    """One request of the API and the model of its answer."""
+    """One request of the API and the model of its answer; ``name`` says which (in logs and
+    metrics)."""
 
+    name: str
     method: str
     path: str
     answer: type[T]
@@ -152,20 +154,20 @@ def _seg(value: str) -> str:
 def issue(namespace: str, server: str, request_uid: str) -> Call[Epoch]:
     """Issue a pod epoch (a repeated ``request_uid`` returns the one it issued)."""
     body = IssueRequest(namespace=namespace, server=server, request_uid=request_uid)
-    return Call("POST", "/v1/epochs", Epoch, body)
+    return Call("issue", "POST", "/v1/epochs", Epoch, body)
 
 
 def bind(epoch: str, pod_name: str, pod_uid: str, address: str | None = None) -> Call[Epoch]:
     body = BindRequest(pod_name=pod_name, pod_uid=pod_uid, address=address)
-    return Call("POST", f"/v1/epochs/{_seg(epoch)}/bind", Epoch, body)
+    return Call("bind", "POST", f"/v1/epochs/{_seg(epoch)}/bind", Epoch, body)
 
 
 def drain(epoch: str) -> Call[Epoch]:
-    return Call("POST", f"/v1/epochs/{_seg(epoch)}/drain", Epoch)
+    return Call("drain", "POST", f"/v1/epochs/{_seg(epoch)}/drain", Epoch)
 
 
 def retire(epoch: str) -> Call[Epoch]:
-    return Call("POST", f"/v1/epochs/{_seg(epoch)}/retire", Epoch)
+    return Call("retire", "POST", f"/v1/epochs/{_seg(epoch)}/retire", Epoch)
 
 
 def register_incarnation(
@@ -173,12 +175,13 @@ def register_incarnation(
 ) -> Call[Incarnation]:
     """A process start of the pod that holds ``pod_epoch``."""
     body = IncarnationRequest(pod_name=pod_name, pod_uid=pod_uid)
-    return Call("POST", f"/v1/epochs/{_seg(pod_epoch)}/incarnations", Incarnation, body)
+    path = f"/v1/epochs/{_seg(pod_epoch)}/incarnations"
+    return Call("register_incarnation", "POST", path, Incarnation, body)
 
 
 def get_epoch(epoch: str) -> Call[EpochLookup]:
     """A pod epoch or a process epoch."""
-    return Call("GET", f"/v1/epochs/{_seg(epoch)}", EpochLookup)
+    return Call("get_epoch", "GET", f"/v1/epochs/{_seg(epoch)}", EpochLookup)
 
 
 def list_server(
@@ -191,14 +194,13 @@ def list_server(
         params.append(("since", since))
         if wait is not None:
             params.append(("wait", wait))
-    return Call(
-        "GET", f"/v1/servers/{_seg(namespace)}/{_seg(server)}/epochs", EpochList, None, params
-    )
+    path = f"/v1/servers/{_seg(namespace)}/{_seg(server)}/epochs"
+    return Call("list_server", "GET", path, EpochList, None, params)
 
 
 def ready() -> Call[Readiness]:
     """The service's readiness (answers 200 only while its store does)."""
-    return Call("GET", "/readyz", Readiness)
+    return Call("ready", "GET", "/readyz", Readiness)
 
 
 def lifecycle(

@@ -130,6 +130,8 @@ class EpochServiceClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.policy = policy
+        #: Attempts repeated after an outage answer, since start (a metric for the operator).
+        self.retries = 0
         self._http = httpx.AsyncClient(
             **_client_options(base_url, token, user_agent, timeout),
             verify=verify,
@@ -180,6 +182,7 @@ class EpochServiceClient:
                 raise EpochServiceUnavailable(
                     f"{last} ({attempts} attempts in {policy.deadline:g}s)"
                 )
+            self.retries += 1
             # Full jitter: several callers do not retry in lockstep.
             sleep = min(backoff, max(0.0, deadline - time.monotonic()))
             await asyncio.sleep(random.uniform(sleep / 2, sleep))

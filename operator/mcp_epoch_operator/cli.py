@@ -48,6 +48,8 @@ Flags (environment fallbacks in brackets)::
                                      (default mcp-epoch-operator-servers)
     --resync-interval S              full ledger-vs-pods resync period (default 30)
     --health-endpoint URL            kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz
+    --metrics-port PORT              Prometheus /metrics (webhook latency, reconciles, epoch
+                                     service calls and retries)
     --verbose
 """
 
@@ -123,6 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--resync-interval", type=float, default=30.0)
     parser.add_argument("--health-endpoint", help="e.g. http://0.0.0.0:8081/healthz")
+    parser.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus /metrics on this port (all addresses)"
+    )
     parser.add_argument("--verbose", action="store_true")
 
 
@@ -193,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         resync_interval=args.resync_interval,
         epoch_service_ca=args.epoch_service_ca,
         health_endpoint=args.health_endpoint,
+        metrics_port=args.metrics_port,
         servers_configmap=args.servers_configmap,
     )
     from mcp_epoch_operator.handlers import run as run_operator

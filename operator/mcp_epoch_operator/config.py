@@ -42,6 +42,8 @@ class OperatorConfig:
     resync_interval: float = 30.0
     epoch_service_ca: Path | None = None
     health_endpoint: str | None = None
+    #: Where ``/metrics`` (Prometheus) is served; None: not served.
+    metrics_port: int | None = None
     #: ConfigMap (in the operator's namespace) remembering which servers have epochs.
     servers_configmap: str = "mcp-epoch-operator-servers"
 

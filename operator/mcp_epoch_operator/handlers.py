@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -20,6 +21,7 @@ from mcp_epoch_operator import kube as kube_mod
 from mcp_epoch_operator import reconcile
 from mcp_epoch_operator.config import OperatorConfig
 from mcp_epoch_operator.epochs import WEBHOOK_POLICY, connect
+from mcp_epoch_operator.metrics import Admission
 from mcp_epoch_operator.names import (
     GROUP,
     MANAGED_BY_LABEL,
@@ -108,6 +110,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         svc = connect(config.epoch_service_url, config.operator_token, verify)
         rt = Runtime(config, kube, svc)
         state["runtime"] = rt
+        if config.metrics_port is not None:
+            rt.metrics.serve(config.metrics_port)
         if config.register_webhook:
             await rt.register_webhook()
         state["worker"] = asyncio.create_task(rt.run(), name="mcp-epoch-worker")
@@ -132,18 +136,27 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         registry=registry,
     )
     async def inject_epoch(patch: kopf.Patch, dryrun: bool, warnings: list[str], **_: Any) -> None:
+        began = time.perf_counter()
+        rt = runtime()
+        outcome: Admission = "refused"
+        try:
+            outcome = await admit(rt, patch, dryrun, warnings)
+        finally:
+            rt.metrics.admission(outcome, began)
+
+    async def admit(rt: Runtime, patch: kopf.Patch, dryrun: bool, warnings: list[str]) -> Admission:
+        """The webhook's work: what happened to this pod (an AdmissionError refuses it)."""
         request = recorded_request()
         try:
             target = target_of(request)
         except Refusal as exc:
             raise kopf.AdmissionError(f"mcp-epoch: {exc}", code=400) from None
         if target is None:
-            return
+            return "skipped"
         if dryrun:
             # sideEffects NoneOnDryRun: a dry run must not issue an epoch.
             warnings.append("mcp-epoch: dry run, so no epoch was issued for this pod")
-            return
-        rt = runtime()
+            return "skipped"
         key = (target.namespace, target.server)
         try:
             issued = await rt.svc_call(
@@ -175,6 +188,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             f"issued pod epoch {epoch} (generation {issued.generation}) for a new pod "
             f"of {target.namespace}/{target.server}",
         )
+        return "issued"
 
     @kopf.on.event("v1", "pods", labels={SERVER_LABEL: kopf.PRESENT}, registry=registry)
     async def pod_changed(type: str | None, body: kopf.Body, **_: Any) -> None:

@@ -32,6 +32,7 @@ from mcp_epoch_operator.config import OperatorConfig
 from mcp_epoch_operator.epochs import READY_POLICY
 from mcp_epoch_operator.events import EventPoster
 from mcp_epoch_operator.kube import KubeClient
+from mcp_epoch_operator.metrics import OperatorMetrics
 from mcp_epoch_operator.names import SERVER_LABEL
 from mcp_epoch_operator.servers import ServersRecord
 from mcp_epoch_operator.webhook import webhook_configuration
@@ -58,6 +59,8 @@ class Runtime:
         self.applied: dict[Key, tuple[str, int]] = {}  # McpServer (uid, generation) applied
         self.wake = asyncio.Event()
         self.recorded: set[Key] = set()  # keys known to be in the servers ConfigMap
+        self.metrics = OperatorMetrics()
+        self.metrics.follow_retries(lambda: self.svc.retries)
 
     # ------------------------------------------------------------------ the epoch service
 
@@ -66,11 +69,14 @@ class Runtime:
         try:
             result = await self.svc.send(call, policy)
         except EpochServiceUnavailable as exc:
+            self.metrics.service_call(call.name, "unavailable")
             self.set_reachable(False, str(exc))
             raise
         except EpochServiceError:
+            self.metrics.service_call(call.name, "refused")
             self.set_reachable(True)
             raise
+        self.metrics.service_call(call.name, "ok")
         self.set_reachable(True)
         return result
 
@@ -123,7 +129,8 @@ class Runtime:
             batch, self.dirty = self.dirty, {}
             for key, reapply in sorted(batch.items()):
                 try:
-                    await reconcile.sync_server(self, key, reapply)
+                    with self.metrics.reconciling():
+                        await reconcile.sync_server(self, key, reapply)
                 except Exception:
                     log.exception("reconciling %s/%s failed", *key)
                     self.dirty.setdefault(key, reapply)  # retried after the next wake-up

@@ -71,6 +71,7 @@ THIRD_PARTY_KINDS = [
     ("cert-manager.io", "v1", "Certificate", "certificates"),
     ("cert-manager.io", "v1", "Issuer", "issuers"),
     ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors"),
+    ("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors"),
 ]
 
 #: (verb, resource, subresource, namespace or None for cluster-wide) the operator needs.

@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
+from pydantic import BaseModel
 
+from mcp_epoch.api import Call
+from mcp_epoch.api_client import SyncEpochServiceClient
 from tests.charts.support import CHART, Helm, ledger_volume
 from tests.cluster.harness import Cluster
 from tests.image.netns import NodeNetwork
@@ -47,6 +50,9 @@ OPERATOR_SA = "mcp-epoch-operator"
 START = 120  # image-run pods start in seconds; this bounds a slow, busy machine
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
 class ServiceInPod:
     """The epoch service as the operator sees it: its pod IP, the operator's own token."""
 
@@ -54,12 +60,10 @@ class ServiceInPod:
         self.url = f"http://{address}:8080"
         self.operator_token = token
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {self.operator_token}"},
-            timeout=10,
-        )
+    def send(self, call: Call[M]) -> M:
+        """One call of the shared client, as the operator."""
+        with SyncEpochServiceClient(self.url, self.operator_token) as client:
+            return client.send(call)
 
 
 @pytest.fixture(scope="module")

@@ -444,6 +444,15 @@ def test_service_monitor_and_network_policy_select_the_epoch_service(helm: Helm)
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
     assert endpoint["path"] == "/metrics"
+    # The operator's pods are scraped directly, on the port its --metrics-port names.
+    pods = one(manifests, "PodMonitor")
+    operator_deployment = one(manifests, "Deployment", "-operator")
+    template = operator_deployment["spec"]["template"]
+    assert pods["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    (scrape,) = pods["spec"]["podMetricsEndpoints"]
+    container = template["spec"]["containers"][0]
+    port = next(p for p in container["ports"] if p["name"] == scrape["port"])
+    assert f"--metrics-port={port['containerPort']}" in container["args"]
 
     policy = one(manifests, "NetworkPolicy")
     epoch = one(manifests, "Deployment", "-epoch-service")

@@ -14,6 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from mcp_epoch import api
 from tests.cluster.harness import Cluster
 from tests.support.epochsvc_proc import EpochServiceProcess
@@ -60,6 +63,7 @@ class OperatorProcess:
         self.port = port
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = free_port()
 
     def command(self) -> list[str]:
         return [
@@ -87,7 +91,20 @@ class OperatorProcess:
             "replica-token",
             "--resync-interval",
             "2",
+            "--metrics-port",
+            str(self.metrics_port),
         ]
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the operator's ``/metrics`` (0 when it has none yet)."""
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return float(sample.value)
+        return 0.0
 
     def start(self) -> OperatorProcess:
         assert self.proc is None, "already running"

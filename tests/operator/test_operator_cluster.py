@@ -99,6 +99,11 @@ def test_mcpserver_gets_deployment_service_and_live_epochs(
         "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=McpServer"
     )["items"]
     assert any(e["reason"] == "EpochIssued" for e in events)
+    # The operator's own metrics saw the admissions, the issue calls and the reconciles.
+    metric = running_operator.metric
+    assert metric("mcp_epoch_operator_webhook_seconds_count", outcome="issued") >= 3
+    assert metric("mcp_epoch_operator_epoch_service_calls_total", call="issue", outcome="ok") >= 3
+    assert metric("mcp_epoch_operator_reconcile_seconds_count", result="ok") >= 1
 
 
 def test_rollout_retires_old_epochs_and_status_agrees_with_ledger(
@@ -244,6 +249,12 @@ def test_epoch_service_down_refuses_labelled_pods_only(
 
         plain = k8s_cluster.kubectl("create", "-f", "-", stdin=pod("plain", {"app": "x"}))
         assert plain.returncode == 0
+        # Counted as a refused admission after retried, unanswered issue calls.
+        metric = running_operator.metric
+        assert metric("mcp_epoch_operator_webhook_seconds_count", outcome="refused") >= 1
+        unavailable = {"call": "issue", "outcome": "unavailable"}
+        assert metric("mcp_epoch_operator_epoch_service_calls_total", **unavailable) >= 1
+        assert metric("mcp_epoch_operator_epoch_service_retries_total") >= 1
 
         def unreachable() -> dict[str, Any] | None:
             cond = condition(get_mcps(k8s_cluster, ns, "fragile"), "EpochServiceReachable")

@@ -1,0 +1,109 @@
+"""The operator's Prometheus metrics, on a port of its own (``--metrics-port``).
+
+What a platform team needs to see when pods are slow to admit or epochs lag their pods: how
+long the webhook takes (buckets from 1 ms, fine enough to tell the epoch service's few
+milliseconds from the operator's own time), how reconciles go, and how the epoch service
+answers (by call and outcome, plus the attempts repeated after an outage).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+#: Admission is on the critical path of every pod create: resolve 1-100 ms finely.
+WEBHOOK_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+Admission = Literal["issued", "refused", "skipped"]
+ServiceOutcome = Literal["ok", "refused", "unavailable"]
+
+
+class _Retries(Collector):
+    """``mcp_epoch_operator_epoch_service_retries_total``, read from the client's counter."""
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "mcp_epoch_operator_epoch_service_retries",
+            "Epoch service attempts repeated after an outage answer (no answer, 502-504).",
+        )
+        family.add_metric([], self.read())
+        yield family
+
+
+class OperatorMetrics:
+    """One registry per operator process (not the global one: tests start several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.webhook = Histogram(
+            "mcp_epoch_operator_webhook_seconds",
+            "Time the epoch-injecting webhook took per pod admission, by outcome.",
+            ["outcome"],
+            buckets=WEBHOOK_BUCKETS,
+            registry=self.registry,
+        )
+        self.reconcile = Histogram(
+            "mcp_epoch_operator_reconcile_seconds",
+            "Time one reconcile of a server took (owned objects, ledger vs pods, status).",
+            ["result"],
+            buckets=RECONCILE_BUCKETS,
+            registry=self.registry,
+        )
+        self.service_calls = Counter(
+            "mcp_epoch_operator_epoch_service_calls",
+            "Epoch service calls by call and outcome (refused: it answered no).",
+            ["call", "outcome"],
+            registry=self.registry,
+        )
+
+    def follow_retries(self, read: Callable[[], int]) -> None:
+        self.registry.register(_Retries(read))
+
+    @contextmanager
+    def reconciling(self) -> Iterator[None]:
+        """Time one reconcile; one that raises counts as ``error`` (and still raises)."""
+        began, result = time.perf_counter(), "error"
+        try:
+            yield
+            result = "ok"
+        finally:
+            self.reconcile.labels(result).observe(time.perf_counter() - began)
+
+    def admission(self, outcome: Admission, began: float) -> None:
+        """One webhook call, from ``began`` (``time.perf_counter()``) until now."""
+        self.webhook.labels(outcome).observe(time.perf_counter() - began)
+
+    def service_call(self, call: str, outcome: ServiceOutcome) -> None:
+        self.service_calls.labels(call, outcome).inc()
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """``/metrics`` on ``addr:port`` (a daemon thread: nothing of it runs on kopf's loop)."""
+        start_http_server(port, addr, registry=self.registry)
