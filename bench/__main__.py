@@ -1,6 +1,6 @@
 """`python -m bench [NAME] [options]`: one benchmark by name, or all of them.
 
-Names: service, replica, forward, longpoll, guard, propagation.
+Names: service, replica, forward, longpoll, guard, propagation, webhook.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ BENCHES = {
     "longpoll": "bench.longpoll_bench",
     "guard": "bench.guard_bench",
     "propagation": "bench.propagation_bench",
+    "webhook": "bench.webhook_bench",
 }
 
 

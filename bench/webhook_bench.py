@@ -1,0 +1,180 @@
+"""Pod admission with and without the epoch-injecting webhook, through a real API server; and
+the operator's CPU for pods it does not manage.
+
+    python -m bench webhook [--pods 200] [--concurrency 16] [--unlabelled 1000]
+
+The loopback control plane (tests/cluster: etcd, kube-apiserver, controllers, kwok nodes), a
+real epoch service (SQLite) and a real ``mcp-epoch operator`` process with its webhook
+registered. Measured in one run:
+
+* a burst of ``--pods`` pod creates, ``--concurrency`` in flight, of pods the webhook skips
+  (no ``mcp.epochs.dev/server`` label: the API server never calls it) and then of labelled
+  pods (each gets an epoch issued): the create latency p50/p99 of both, and what the webhook
+  adds (target: p99 added < 50 ms); beside it the operator's own histogram of the webhook's
+  time (``mcp_epoch_operator_webhook_seconds``);
+* the operator's CPU time while ``--unlabelled`` pods it must ignore are created and run,
+  against the same wall time idle, per 1,000 pods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+from mcp_epoch_operator.metrics import WEBHOOK_BUCKETS
+
+from mcp_epoch.contract import SERVER_LABEL
+from tests.cluster.harness import Cluster
+from tests.operator.support import OperatorProcess, install_crd, make_namespace, operator_running
+from tests.support.epochsvc_proc import EpochServiceProcess
+
+TARGET_ADDED_P99_MS = 50.0
+
+
+def _pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "containers": [{"name": "c", "image": "registry.invalid/bench:1"}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def burst(
+    cluster: Cluster, ns: str, prefix: str, n: int, concurrency: int, labels: dict[str, str]
+) -> list[float]:
+    """Create ``n`` pods, ``concurrency`` at a time; each create's latency in seconds."""
+    path = f"/api/v1/namespaces/{ns}/pods"
+
+    def create(i: int, http: httpx.Client) -> float:
+        t0 = time.perf_counter()
+        r = http.post(path, json=_pod(f"{prefix}-{i}", labels))
+        took = time.perf_counter() - t0
+        if r.status_code != 201:
+            raise RuntimeError(f"pod create answered {r.status_code}: {r.text[:300]}")
+        return took
+
+    clients = [cluster.httpx_client(timeout=30) for _ in range(concurrency)]
+    try:
+        with ThreadPoolExecutor(concurrency) as pool:
+            futures = [pool.submit(create, i, clients[i % concurrency]) for i in range(n)]
+            return [f.result() for f in futures]
+    finally:
+        for c in clients:
+            c.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _settled_cpu(pid: int, quiet: float = 0.02, window: float = 1.0, limit: float = 60.0) -> float:
+    """The process's CPU seconds once it has gone quiet (under ``quiet`` s of CPU per
+    ``window``): the operator has then handled the watch events the pods caused."""
+    deadline = time.monotonic() + limit
+    last = _cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(window)  # a sampling interval: the CPU counter decides when it is over
+        now = _cpu_seconds(pid)
+        if now - last < quiet:
+            return now
+        last = now
+    return last
+
+
+def _pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1e3
+
+
+def _line(label: str, lat: list[float]) -> str:
+    return (
+        f"  {label:22} p50 {_pct(lat, 50):7.2f} ms  p99 {_pct(lat, 99):7.2f} ms  "
+        f"mean {statistics.fmean(lat) * 1e3:7.2f} ms"
+    )
+
+
+def _histogram_p99(op: OperatorProcess) -> tuple[float, float, float]:
+    """(count, mean ms, p99 upper bound ms) of the operator's webhook histogram, issued pods."""
+    name = "mcp_epoch_operator_webhook_seconds"
+    count = op.metric(f"{name}_count", outcome="issued")
+    total = op.metric(f"{name}_sum", outcome="issued")
+    p99 = float("inf")
+    for le in WEBHOOK_BUCKETS:
+        if op.metric(f"{name}_bucket", outcome="issued", le=str(le)) >= 0.99 * count:
+            p99 = le
+            break
+    return count, (total / count * 1e3 if count else 0.0), p99 * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench webhook")
+    ap.add_argument("--pods", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--unlabelled", type=int, default=1000)
+    ap.add_argument("--quick", action="store_true", help="50 pods a burst, 200 unlabelled")
+    args = ap.parse_args(argv)
+    pods, unlabelled = (50, 200) if args.quick else (args.pods, args.unlabelled)
+    work = Path(tempfile.mkdtemp(prefix="bench-webhook-"))
+    print("starting the loopback control plane, an epoch service and the operator", flush=True)
+    with (
+        Cluster(log=lambda _line: None) as cluster,
+        EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc,
+    ):
+        install_crd(cluster)
+        with operator_running(cluster, svc, work / "operator.log") as op:
+            assert op.proc is not None
+            ns = make_namespace(cluster, "bench-webhook")
+            labelled = {SERVER_LABEL: "bench"}
+            burst(cluster, ns, "warm-plain", 20, args.concurrency, {})
+            burst(cluster, ns, "warm-epoch", 20, args.concurrency, labelled)
+            plain = burst(cluster, ns, "plain", pods, args.concurrency, {})
+            epoch = burst(cluster, ns, "epoch", pods, args.concurrency, labelled)
+            print(f"{pods} pod creates, {args.concurrency} in flight")
+            print(_line("no webhook (unlabelled)", plain))
+            print(_line("webhook (epoch issued)", epoch))
+            added = _pct(epoch, 99) - _pct(plain, 99)
+            met = "MET" if added < TARGET_ADDED_P99_MS else "MISSED"
+            print(
+                f"  added by the webhook: p50 {_pct(epoch, 50) - _pct(plain, 50):.2f} ms, "
+                f"p99 {added:.2f} ms (target < {TARGET_ADDED_P99_MS:g} ms: {met}); ratio p99 "
+                f"{_pct(epoch, 99) / _pct(plain, 99):.2f}x"
+            )
+            count, mean, p99 = _histogram_p99(op)
+            print(
+                f"  the operator's own webhook time ({count:.0f} admissions): mean {mean:.2f} ms, "
+                f"p99 <= {p99:g} ms"
+            )
+
+            pid = op.proc.pid
+            idle_ns = make_namespace(cluster, "bench-unlabelled")
+            start = _settled_cpu(pid)
+            t0 = time.monotonic()
+            burst(cluster, idle_ns, "other", unlabelled, args.concurrency, {"app": "other"})
+            busy = _settled_cpu(pid) - start
+            wall = time.monotonic() - t0
+            before = _cpu_seconds(pid)
+            time.sleep(wall)  # the idle baseline: the same wall time with nothing happening
+            idle = _cpu_seconds(pid) - before
+            per = 1000 / unlabelled
+            print(f"operator CPU while {unlabelled} unlabelled pods were created and ran")
+            print(
+                f"  {busy:.2f} s CPU in {wall:.1f} s ({busy * per:.2f} s per 1,000 pods); idle "
+                f"over the same time {idle:.2f} s; ratio {busy / max(idle, 0.01):.1f}x idle"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
