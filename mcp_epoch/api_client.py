@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -150,12 +151,8 @@ class EpochServiceClient:
     async def once(self, call: Call[T], attempt_timeout: float | httpx.Timeout | None = None) -> T:
         """One attempt. Raises :class:`EpochServiceUnavailable` for no answer or a 502-504."""
         options: dict[str, Any] = {} if attempt_timeout is None else {"timeout": attempt_timeout}
-        try:
+        with _outage(attempt_timeout):
             response = await self._http.request(call.method, call.path, **_request(call), **options)
-        except httpx.TimeoutException:
-            raise EpochServiceUnavailable(f"no answer within {_seconds(attempt_timeout)}") from None
-        except httpx.TransportError as exc:
-            raise EpochServiceUnavailable(_transport_error(exc)) from None
         return answer_of(call, response)
 
     async def send(self, call: Call[T], policy: RetryPolicy | None = None) -> T:
@@ -216,18 +213,22 @@ class SyncEpochServiceClient:
         self.close()
 
     def send(self, call: Call[T]) -> T:
-        try:
+        with _outage(None):
             response = self._http.request(call.method, call.path, **_request(call))
-        except httpx.TimeoutException:
-            raise EpochServiceUnavailable("no answer in time") from None
-        except httpx.TransportError as exc:
-            raise EpochServiceUnavailable(_transport_error(exc)) from None
         return answer_of(call, response)
+
+
+@contextmanager
+def _outage(timeout: float | httpx.Timeout | None) -> Iterator[None]:
+    """A request that got no answer, as the outage it is (sync and async sends alike)."""
+    try:
+        yield
+    except httpx.TimeoutException:
+        raise EpochServiceUnavailable(f"no answer within {_seconds(timeout)}") from None
+    except httpx.TransportError as exc:
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise EpochServiceUnavailable(detail) from None
 
 
 def _seconds(timeout: float | httpx.Timeout | None) -> str:
     return f"{timeout:g}s" if isinstance(timeout, int | float) else "the timeout"
-
-
-def _transport_error(exc: httpx.TransportError) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
