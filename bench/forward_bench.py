@@ -14,13 +14,13 @@ know each other's address from the ledger. One session lives on A. Measured in o
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from bench.stats import pct
 from mcp_epoch import api
 from mcp_epoch.contract import FORWARDED_BY_HEADER
 from tests.replica.conftest import RawSession, ServerProc, start_server
@@ -72,7 +72,7 @@ def _stream(http: httpx.Client, url: str, session: RawSession, events: int, rid:
 
 
 def _pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1e3
+    return pct(values, q) * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:

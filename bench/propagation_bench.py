@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.stats import pct
 from mcp_epoch import api
 from tests.support.epochsvc_proc import EpochServiceProcess
 
@@ -89,12 +89,6 @@ class Followers:
             proc.wait(10)
 
 
-def _pct(values: list[float], q: int) -> float:
-    if len(values) < 2:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
 def measure(svc: EpochServiceProcess, n: int, rounds: int) -> list[float]:
     """Seconds from the retire call to each view's copy, over ``rounds`` retires."""
     server = f"prop-{n}"
@@ -126,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"retire -> N live views hold it retired; {rounds} retires per N, SQLite ledger")
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
         base = measure(svc, 1, max(rounds, 5))
-        base50 = _pct(base, 50)
-        base99 = _pct(base, 99)
+        base50 = pct(base, 50)
+        base99 = pct(base, 99)
         print(f"  baseline, 1 follower: p50 {base50 * 1e3:7.1f} ms  p99 {base99 * 1e3:7.1f} ms")
         met: bool | None = None
         for n in counts:
             t = measure(svc, n, rounds)
-            p50, p99 = _pct(t, 50), _pct(t, 99)
+            p50, p99 = pct(t, 50), pct(t, 99)
             print(
                 f"  N={n:>5}: p50 {p50 * 1e3:7.1f} ms  p99 {p99 * 1e3:7.1f} ms  "
                 f"max {max(t) * 1e3:7.1f} ms  ({p50 / base50:.1f}x the baseline p50)"

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 from mcp_epoch_operator.metrics import WEBHOOK_BUCKETS
 
+from bench.stats import pct
 from mcp_epoch.contract import SERVER_LABEL
 from tests.cluster.harness import Cluster
 from tests.operator.support import OperatorProcess, install_crd, make_namespace, operator_running
@@ -95,7 +96,7 @@ def _settled_cpu(pid: int, quiet: float = 0.02, window: float = 1.0, limit: floa
 
 
 def _pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1e3
+    return pct(values, q) * 1e3
 
 
 def _line(label: str, lat: list[float]) -> str:
