@@ -21,12 +21,10 @@ from __future__ import annotations
 import base64
 import json
 import re
-import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import httpx
 import pytest
 
 from tests.charts.support import (
@@ -41,6 +39,7 @@ from tests.charts.support import (
     serviceaccount_kubeconfig,
 )
 from tests.cluster.harness import Cluster
+from tests.cluster.kube import Kube, status_of
 from tests.operator.support import (
     EPOCH_ANNOTATION,
     SERVER_LABEL,
@@ -302,35 +301,23 @@ def test_service_accounts_have_exactly_the_documented_permissions(
     assert can_i(k8s_cluster, EPOCHSVC_SA, "create", "tokenreviews.authentication.k8s.io", "", "")
 
     # The same, as real requests with the operator's token: Secrets are refused everywhere.
-    config = json.loads(
-        serviceaccount_kubeconfig(k8s_cluster, NS, OPERATOR_SA, tmp_path / "kc").read_text()
-    )
-    token = config["users"][0]["user"]["token"]
-    with httpx.Client(
-        base_url=k8s_cluster.server,
-        verify=ssl.create_default_context(cafile=str(k8s_cluster.ca_cert)),
-        headers={"Authorization": f"Bearer {token}"},
-    ) as api:
-        for path in (
-            f"/api/v1/namespaces/{NS}/secrets/mcp-epoch-webhook-tls",
-            f"/api/v1/namespaces/{NS}/secrets",
-            "/api/v1/secrets",
+    kubeconfig = serviceaccount_kubeconfig(k8s_cluster, NS, OPERATOR_SA, tmp_path / "kc")
+    with Kube(kubeconfig) as operator:
+        for call in (
+            lambda: operator.core.read_namespaced_secret("mcp-epoch-webhook-tls", NS),
+            lambda: operator.core.list_namespaced_secret(NS),
+            lambda: operator.core.list_secret_for_all_namespaces(),
         ):
-            assert api.get(path).status_code == 403, path
-        assert api.get("/api/v1/pods", params={"labelSelector": SERVER_LABEL}).status_code == 200
+            assert status_of(call) == 403
+        pods = operator.core.list_pod_for_all_namespaces
+        listed = operator.json(pods, label_selector=SERVER_LABEL)
+        assert listed["kind"] == "PodList"
 
 
 def mint_token(cluster: Cluster, namespace: str, account: str, audience: str | None = None) -> str:
     """A ServiceAccount token from the API server (TokenRequest), as the kubelet gets one."""
-    spec: dict[str, Any] = {"expirationSeconds": 3600}
-    if audience:
-        spec["audiences"] = [audience]
-    with cluster.httpx_client(timeout=30) as api:
-        r = api.post(
-            f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", json={"spec": spec}
-        )
-    assert r.status_code == 201, r.text
-    return str(r.json()["status"]["token"])
+    with cluster.api() as api:
+        return api.mint_token(namespace, account, [audience] if audience else None)
 
 
 def _foreign_webhooks(cluster: Cluster) -> list[str]:

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from mcp_epoch.api import Call
 from mcp_epoch.api_client import SyncEpochServiceClient
+from mcp_epoch.contract import TOKEN_AUDIENCE
 from tests.charts.support import CHART, Helm, ledger_volume
 from tests.cluster.harness import Cluster
 from tests.image.netns import NodeNetwork
@@ -138,16 +139,6 @@ def _accepts(address: str, port: int) -> bool:
         return False
 
 
-def _mint(cluster: Cluster, account: str, audience: str) -> str:
-    with cluster.httpx_client(timeout=30) as api:
-        r = api.post(
-            f"/api/v1/namespaces/{NS}/serviceaccounts/{account}/token",
-            json={"spec": {"audiences": [audience], "expirationSeconds": 3600}},
-        )
-    r.raise_for_status()
-    return str(r.json()["status"]["token"])
-
-
 def test_the_release_runs_from_the_image_and_mcpserver_pods_get_live_epochs(
     k8s_cluster: Cluster, release: None, image_node: ImageNode
 ) -> None:
@@ -170,7 +161,8 @@ def test_the_release_runs_from_the_image_and_mcpserver_pods_get_live_epochs(
         ledger = image_node.claims / f"{NS}-{RELEASE}-ledger" / "ledger.db"
         assert ledger.is_file() and ledger.stat().st_uid == 10001
 
-        token = _mint(k8s_cluster, OPERATOR_SA, "mcp-epoch")
+        with k8s_cluster.api() as api:
+            token = api.mint_token(NS, OPERATOR_SA, [TOKEN_AUDIENCE])
         service = ServiceInPod(service_ip, token)
         apply(k8s_cluster, mcpserver("echo", SERVERS_NS, replicas=2))
         # The webhook (a container, reached through its Service) injected the epochs, and the

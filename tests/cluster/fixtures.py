@@ -91,7 +91,7 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[harness.Cluster]:
     """A started ``harness.Cluster`` shared by the whole session.
 
     It offers ``kubeconfig``, ``server``, ``kubectl(*args)``,
-    ``kubectl_json(*args)``, ``api()`` (stdlib client), ``httpx_client()``,
+    ``kubectl_json(*args)``, ``api()`` (the official client as the admin),
     ``binary(name)`` (e.g. ``helm``), ``ca_cert``, ``webhook_cert`` and
     ``webhook_key``.
     """

@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import Any
 
 from tests.cluster import build, certs, kwok_stages
+from tests.cluster.kube import Kube, status_of
 
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
@@ -143,59 +144,6 @@ def _set_parent_death_signal() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-# --------------------------------------------------------------------------- API client
-
-
-class ApiClient:
-    """Minimal JSON client for the API server using the admin certificate.
-
-    Stdlib only, so the harness works before any dependency is installed;
-    tests that prefer httpx can use ``Cluster.httpx_client()``.
-    """
-
-    def __init__(self, server: str, ca: Path, cert: Path, key: Path) -> None:
-        self.server = server.rstrip("/")
-        self._ctx = ssl.create_default_context(cafile=str(ca))
-        self._ctx.load_cert_chain(str(cert), str(key))
-
-    def request(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
-    ) -> tuple[int, Any]:
-        """Send one request; returns (status, decoded JSON or text)."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.server + path, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
-        try:
-            with urllib.request.urlopen(req, context=self._ctx, timeout=30) as resp:
-                return resp.status, _decode(resp.read())
-        except urllib.error.HTTPError as err:
-            return err.code, _decode(err.read())
-
-    def get(self, path: str) -> Any:
-        """GET a path and return its JSON, raising on a non-2xx status."""
-        status, payload = self.request("GET", path)
-        if status >= 300:
-            raise RuntimeError(f"GET {path} -> {status}: {payload}")
-        return payload
-
-    def create(self, path: str, body: Any) -> Any:
-        """POST an object, raising on a non-2xx status."""
-        status, payload = self.request("POST", path, body)
-        if status >= 300:
-            raise RuntimeError(f"POST {path} -> {status}: {payload}")
-        return payload
-
-
-def _decode(raw: bytes) -> Any:
-    text = raw.decode("utf-8", errors="replace")
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 # --------------------------------------------------------------------------- cluster
@@ -507,14 +455,13 @@ class Cluster:
         self._wait_healthy(record, f"https://127.0.0.1:{self.ports.controller_manager}/healthz")
         # Pods are refused by the ServiceAccount admission plugin until the
         # controller-manager has created the namespace's default account.
-        wait_until(
-            lambda: (
-                self.api().request("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0]
-                == 200
-            ),
-            60,
-            "the default ServiceAccount",
-        )
+        with self.api() as api:
+            account = api.core.read_namespaced_service_account
+            wait_until(
+                lambda: status_of(lambda: account("default", "default")) == 200,
+                60,
+                "the default ServiceAccount",
+            )
 
     def _start_scheduler(self) -> None:
         record = self._spawn(
@@ -547,13 +494,13 @@ class Cluster:
         self._wait_healthy(record, f"http://127.0.0.1:{self.ports.kwok}/healthz")
 
     def _create_nodes(self) -> None:
-        api = self.api()
-        for index in range(self.nodes):
-            api.create("/api/v1/nodes", fake_node(f"kwok-node-{index}"))
-        wait_until(self._nodes_ready, 60, f"{self.nodes} Ready nodes")
+        with self.api() as api:
+            for index in range(self.nodes):
+                api.json(api.core.create_node, fake_node(f"kwok-node-{index}"))
+            wait_until(lambda: self._nodes_ready(api), 60, f"{self.nodes} Ready nodes")
 
-    def _nodes_ready(self) -> bool:
-        nodes = self.api().get("/api/v1/nodes?labelSelector=type%3Dkwok")["items"]
+    def _nodes_ready(self, api: Kube) -> bool:
+        nodes = api.json(api.core.list_node, label_selector="type=kwok")["items"]
         ready = [n for n in nodes if _condition(n, "Ready") == "True"]
         return len(ready) >= self.nodes
 
@@ -600,22 +547,9 @@ class Cluster:
 
     # ---------------------------------------------------------------- clients & logs
 
-    def api(self) -> ApiClient:
-        """Stdlib JSON client authenticated as the admin."""
-        pki = self.pki
-        return ApiClient(self.server, pki.ca_cert, pki.admin_cert, pki.admin_key)
-
-    def httpx_client(self, **kwargs: Any) -> Any:
-        """An ``httpx.Client`` bound to the API server as the admin.
-
-        Imported lazily: httpx is optional for the harness itself.
-        """
-        import httpx
-
-        pki = self.pki
-        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
-        ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
-        return httpx.Client(base_url=self.server, verify=ctx, **kwargs)
+    def api(self) -> Kube:
+        """The official client as the admin, from this cluster's kubeconfig (close it)."""
+        return Kube(self.kubeconfig)
 
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from tests.cluster import versions
-from tests.cluster.harness import ApiClient, Cluster, wait_until
+from tests.cluster.harness import Cluster, wait_until
+from tests.cluster.kube import ApiException, status_of
 from tests.cluster.kwok_stages import PROBER_LABEL, PROBER_VALUE
 from tests.e2e.prober import with_readiness
 
@@ -208,7 +209,6 @@ def test_crd_schema_rejects_invalid_object(k8s_cluster: Cluster) -> None:
     k8s_cluster.kubectl(
         "wait", "--for=condition=Established", "crd/widgets.harness.mcp-epoch.test", "--timeout=60s"
     )
-    path = "/apis/harness.mcp-epoch.test/v1/namespaces/default/widgets"
 
     def widget(name: str, spec: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -218,11 +218,25 @@ def test_crd_schema_rejects_invalid_object(k8s_cluster: Cluster) -> None:
             "spec": spec,
         }
 
-    api = k8s_cluster.api()
-    # Discovery of a new CRD can lag its Established condition by a moment.
-    wait_until(lambda: api.request("GET", path)[0] == 200, 30, "widgets to be served")
-    status, body = api.request("POST", path, widget("bad", {"replicas": 0, "colour": "green"}))
-    assert status == 422, body
+    group = ("harness.mcp-epoch.test", "v1", "default", "widgets")
+    with k8s_cluster.api() as api:
+        # Discovery of a new CRD can lag its Established condition by a moment.
+        wait_until(
+            lambda: status_of(lambda: api.custom.list_namespaced_custom_object(*group)) == 200,
+            30,
+            "widgets to be served",
+        )
+        with pytest.raises(ApiException) as refused:
+            api.custom.create_namespaced_custom_object(
+                *group, widget("bad", {"replicas": 0, "colour": "green"})
+            )
+        created = api.json(
+            api.custom.create_namespaced_custom_object,
+            *group,
+            widget("good", {"replicas": 2, "colour": "red"}),
+        )
+    assert refused.value.status == 422, refused.value.body
+    body = json.loads(refused.value.body)
     assert body["reason"] == "Invalid"
     message = body["message"]
     assert 'Widget.harness.mcp-epoch.test "bad" is invalid' in message
@@ -234,9 +248,7 @@ def test_crd_schema_rejects_invalid_object(k8s_cluster: Cluster) -> None:
     )
     assert proc.returncode != 0
     assert "spec.replicas" in proc.stderr and "must be of type integer" in proc.stderr
-
-    status, body = api.request("POST", path, widget("good", {"replicas": 2, "colour": "red"}))
-    assert status == 201, body
+    assert created["spec"] == {"replicas": 2, "colour": "red"}
 
 
 # --------------------------------------------------------------------------- admission webhook
@@ -416,11 +428,14 @@ def test_pods_labelled_for_the_runner_start_unready_until_it_reports(
     ns = namespace(k8s_cluster, "ctl-readiness")
     _create_pod(k8s_cluster, ns, simple_pod("probed", {PROBER_LABEL: PROBER_VALUE}))
     _create_pod(k8s_cluster, ns, simple_pod("plain"))
-    path = f"/api/v1/namespaces/{ns}/pods"
     api = k8s_cluster.api()
 
+    def get(name: str) -> dict[str, Any]:
+        pod: dict[str, Any] = api.json(api.core.read_namespaced_pod, name, ns)
+        return pod
+
     def running(name: str) -> dict[str, Any] | None:
-        pod: dict[str, Any] = api.get(f"{path}/{name}")
+        pod = get(name)
         return pod if (pod.get("status") or {}).get("phase") == "Running" else None
 
     wait_until(
@@ -428,18 +443,18 @@ def test_pods_labelled_for_the_runner_start_unready_until_it_reports(
         60,
         "both pods Running",
     )
-    wait_until(lambda: pod_ready(api.get(f"{path}/plain")), 60, "the plain pod Ready")
-    probed = api.get(f"{path}/probed")
+    wait_until(lambda: pod_ready(get("plain")), 60, "the plain pod Ready")
+    probed = get("probed")
     assert probed["status"]["podIP"]
     assert _condition_of(probed, "Ready") == "False"
     assert _condition_of(probed, "ContainersReady") == "False"
     assert [c["ready"] for c in probed["status"]["containerStatuses"]] == [False]
     assert probed["status"]["containerStatuses"][0]["state"]["running"]
 
-    probed["status"] = with_readiness(probed["status"], "app", True)
-    status, body = api.request("PUT", f"{path}/probed/status", probed)
-    assert status == 200, body
-    now = api.get(f"{path}/probed")
+    status = with_readiness(probed["status"], "app", True)
+    api.patch(api.core.patch_namespaced_pod_status, "probed", ns, body={"status": status})
+    now = get("probed")
+    api.close()
     assert pod_ready(now) and _condition_of(now, "ContainersReady") == "True"
     assert now["status"]["podIP"] == probed["status"]["podIP"]
     k8s_cluster.kubectl("delete", "namespace", ns, "--wait=false")
@@ -582,10 +597,10 @@ def test_second_cluster_coexists(k8s_cluster: Cluster) -> None:
 
 
 def test_api_client_is_admin(k8s_cluster: Cluster) -> None:
-    """The stdlib client authenticates as a system:masters member."""
-    api: ApiClient = k8s_cluster.api()
-    review = api.create(
-        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
-    )
+    """The tests' client authenticates as a system:masters member."""
+    with k8s_cluster.api() as api:
+        review = api.json(
+            api.authentication.create_self_subject_review,
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        )
     assert "system:masters" in review["status"]["userInfo"]["groups"]

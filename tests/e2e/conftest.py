@@ -74,12 +74,7 @@ def pod_network() -> None:
 @pytest.fixture(scope="package")
 def kube_access(k8s_cluster: Cluster, pod_network: None) -> KubeAccess:
     """The admin identity of the loopback control plane, as the demo's fleet driver takes it."""
-    pki = k8s_cluster.pki
     return KubeAccess(
-        server=k8s_cluster.server,
-        ca_cert=pki.ca_cert,
-        client_cert=pki.admin_cert,
-        client_key=pki.admin_key,
         kubeconfig=k8s_cluster.kubeconfig,
         kubectl=k8s_cluster.binary("kubectl"),
     )

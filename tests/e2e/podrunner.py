@@ -26,8 +26,9 @@ process binds its pod's IP and container port, and the address the operator reco
 forwarding reaches it. The demo's replica (:mod:`epochsvc.demo.replica`) prints one JSON line
 ``{"port": ..., "epoch": ...}`` on start.
 
-Only loopback addresses carry traffic; the API server is reached with the credentials given in
-:class:`KubeAccess` (the admin identity of the local control plane in the tests).
+Only loopback addresses carry traffic; the API server is reached through ``kubernetes_asyncio``
+with the kubeconfig given in :class:`KubeAccess` (the admin identity of the local control plane
+in the tests).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import base64
 import contextlib
 import json
 import os
-import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -45,10 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from epochsvc.demo.fleet import ReplicaSetListener, _wait_serving, drain_report
 from epochsvc.demo.proxy import Backend
+from tests.cluster.kube import MERGE, AsyncApiException, AsyncKube
 from tests.e2e.prober import ReadinessProber, probe_of, probed_by_runner, with_readiness
 
 Log = Callable[[str], None]
@@ -65,26 +66,24 @@ EPOCH_ANNOTATION = "mcp.epochs.dev/epoch"
 _NOT_INHERITED = ("MCP_", "EPOCHSVC_", "KUBECONFIG")
 
 
+#: What ends one list-and-watch round: the runner lists again (an expired version is a 410).
+WATCH_ERRORS = (AsyncApiException, aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError)
+
+
 class PodEnvError(RuntimeError):
     """The pod's environment cannot be built (a kubelet would report CreateContainerConfigError)."""
 
 
 @dataclass(frozen=True)
 class KubeAccess:
-    """How to reach one API server: its URL, CA and a client certificate; plus the kubectl
-    binary and kubeconfig for the operations a human would type (apply, rollout restart)."""
+    """How to reach one API server: a kubeconfig (read by the official client), and the
+    kubectl binary for the operations a human would type (apply, rollout restart)."""
 
-    server: str
-    ca_cert: Path
-    client_cert: Path
-    client_key: Path
     kubeconfig: Path
     kubectl: Path
 
-    def client(self) -> httpx.AsyncClient:
-        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
-        ctx.load_cert_chain(str(self.client_cert), str(self.client_key))
-        return httpx.AsyncClient(base_url=self.server, verify=ctx, timeout=15.0)
+    async def client(self) -> AsyncKube:
+        return await AsyncKube.connect(self.kubeconfig)
 
     async def run_kubectl(self, *args: str, stdin: str | None = None) -> str:
         """``kubectl --kubeconfig=... args``; a non-zero exit raises with kubectl's stderr."""
@@ -298,7 +297,7 @@ class PodRunner:
         self.errors: list[str] = []
         self._pods: dict[str, PodProcess] = {}  # by pod UID, in the order pods were seen
         self._stops: list[asyncio.Task[None]] = []
-        self._api: httpx.AsyncClient | None = None
+        self._api: AsyncKube | None = None
         self._watch: asyncio.Task[None] | None = None
         self._endpoints: asyncio.Task[None] | None = None
         self._slices: dict[str, dict[str, bool]] = {}  # EndpointSlice -> pod UID -> ready
@@ -331,7 +330,7 @@ class PodRunner:
                 await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
 
     async def start(self) -> None:
-        self._api = self.access.client()
+        self._api = await self.access.client()
         self._watch = asyncio.create_task(self._follow(), name=f"podrunner-{self.selector}")
         if self.service is not None:
             self._endpoints = asyncio.create_task(self._follow_endpoints())
@@ -353,13 +352,9 @@ class PodRunner:
         ]
         await asyncio.gather(*tasks, *self._stops, return_exceptions=True)
         if self._api is not None:
-            await self._api.aclose()
+            await self._api.close()
 
     # --- following the API server -----------------------------------------------------------
-
-    @property
-    def _path(self) -> str:
-        return f"/api/v1/namespaces/{self.namespace}/pods"
 
     async def _follow(self) -> None:
         assert self._api is not None
@@ -369,14 +364,14 @@ class PodRunner:
                 await self._watch_from(self._api, version)
             except asyncio.CancelledError:
                 raise
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
+            except WATCH_ERRORS as exc:
                 self.log(f"  pod runner: watch interrupted ({exc!r}); listing again")
                 await asyncio.sleep(0.5)
 
-    async def _relist(self, api: httpx.AsyncClient) -> str:
-        resp = await api.get(self._path, params={"labelSelector": self.selector})
-        resp.raise_for_status()
-        body = resp.json()
+    async def _relist(self, api: AsyncKube) -> str:
+        body = await api.json(
+            api.core.list_namespaced_pod, self.namespace, label_selector=self.selector
+        )
         present = set()
         for pod in body.get("items") or []:
             present.add(pod["metadata"]["uid"])
@@ -386,30 +381,22 @@ class PodRunner:
                 self._gone(pp)
         return str(body["metadata"]["resourceVersion"])
 
-    async def _watch_from(self, api: httpx.AsyncClient, version: str) -> None:
-        params = {
-            "labelSelector": self.selector,
-            "watch": "true",
-            "resourceVersion": version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": "60",
-        }
-        timeout = httpx.Timeout(10.0, read=90.0)
-        async with api.stream("GET", self._path, params=params, timeout=timeout) as resp:
-            resp.raise_for_status()
-            async for line in resp.aiter_lines():
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    return  # typically 410 Gone: the version expired, list again
-                if kind in ("ADDED", "MODIFIED"):
-                    self._observe(obj)
-                elif kind == "DELETED":
-                    pp = self._pods.get(obj["metadata"]["uid"])
-                    if pp is not None:
-                        self._gone(pp)
+    async def _watch_from(self, api: AsyncKube, version: str) -> None:
+        events = api.watch(
+            api.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=self.selector,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=60,
+        )
+        async for kind, obj in events:
+            if kind in ("ADDED", "MODIFIED"):
+                self._observe(obj)
+            elif kind == "DELETED":
+                pp = self._pods.get(obj["metadata"]["uid"])
+                if pp is not None:
+                    self._gone(pp)
 
     def _observe(self, pod: Pod) -> None:
         meta = pod["metadata"]
@@ -452,11 +439,11 @@ class PodRunner:
 
     async def _object(self, plural: str, name: str) -> dict[str, Any] | None:
         assert self._api is not None
-        resp = await self._api.get(f"/api/v1/namespaces/{self.namespace}/{plural}/{name}")
-        if resp.status_code == 404:
-            return None
-        resp.raise_for_status()
-        body: dict[str, Any] = resp.json()
+        read = {
+            "secrets": self._api.core.read_namespaced_secret,
+            "configmaps": self._api.core.read_namespaced_config_map,
+        }[plural]
+        body: dict[str, Any] | None = await self._api.find(read, name, self.namespace)
         return body
 
     async def _run(self, pp: PodProcess, pod: Pod) -> None:
@@ -606,23 +593,21 @@ class PodRunner:
     ) -> bool:
         """Write the pod's readiness to its status (read, change, replace; again on a
         conflict). False when the pod is gone."""
-        assert self._api is not None
-        path = f"{self._path}/{pp.pod}"
+        api = self._api
+        assert api is not None
         while True:
-            resp = await self._api.get(path)
-            if resp.status_code == 404:
-                return False
-            resp.raise_for_status()
-            pod = resp.json()
-            if pod["metadata"]["uid"] != pp.uid:
-                return False  # a new pod of the same name
+            pod = await api.find(api.core.read_namespaced_pod, pp.pod, self.namespace)
+            if pod is None or pod["metadata"]["uid"] != pp.uid:
+                return False  # gone, or a new pod of the same name
             pod["status"] = with_readiness(pod.get("status") or {}, str(container["name"]), ready)
-            put = await self._api.put(f"{path}/status", content=json.dumps(pod))
-            if put.status_code == 409:
-                continue  # changed meanwhile (kwok, the scheduler): read it again
-            if put.status_code == 404:
-                return False
-            put.raise_for_status()
+            try:
+                await api.json(api.core.replace_namespaced_pod_status, pp.pod, self.namespace, pod)
+            except AsyncApiException as exc:
+                if exc.status == 409:
+                    continue  # changed meanwhile (kwok, the scheduler): read it again
+                if exc.status == 404:
+                    return False
+                raise
             self.log(
                 f"  pod {pp.pod} readiness probe {'passed' if ready else 'failed'} -> "
                 f"{'Ready' if ready else 'not ready'}"
@@ -636,38 +621,40 @@ class PodRunner:
         """Add the runner's finalizer: a deleted pod stays (Terminating) until its process has
         stopped, as with a kubelet, so the operator retires its epoch only then (kwok on its own
         deletes a pod the moment it is marked for deletion)."""
-        assert self._api is not None
         finalizers = list((pod.get("metadata") or {}).get("finalizers") or [])
         if FINALIZER in finalizers:
             return
-        (await self._set_finalizers(pp.pod, [*finalizers, FINALIZER])).raise_for_status()
+        await self._set_finalizers(pp.pod, [*finalizers, FINALIZER])
         pp.held = True
 
     async def _release(self, pp: PodProcess) -> None:
         """Drop the finalizer once the process is gone: the pod object may go now."""
-        if not pp.held or self._api is None:
+        api = self._api
+        if not pp.held or api is None:
             return
         pp.held = False
-        with contextlib.suppress(httpx.HTTPError):
-            resp = await self._api.get(f"{self._path}/{pp.pod}")
-            if resp.status_code == 404:
+        with contextlib.suppress(*WATCH_ERRORS):
+            pod = await api.find(api.core.read_namespaced_pod, pp.pod, self.namespace)
+            if pod is None:
                 return
-            meta = resp.json()["metadata"]
+            meta = pod["metadata"]
             left = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
             await self._set_finalizers(pp.pod, left or None, meta["resourceVersion"])
 
     async def _set_finalizers(
         self, pod: str, finalizers: list[str] | None, version: str | None = None
-    ) -> httpx.Response:
+    ) -> None:
         """A merge patch of the pod's finalizers (``version``: only if the pod is unchanged)."""
         assert self._api is not None
         meta: dict[str, Any] = {"finalizers": finalizers}
         if version is not None:
             meta["resourceVersion"] = version
-        return await self._api.patch(
-            f"{self._path}/{pod}",
-            content=json.dumps({"metadata": meta}),
-            headers={"Content-Type": "application/merge-patch+json"},
+        await self._api.json(
+            self._api.core.patch_namespaced_pod,
+            pod,
+            self.namespace,
+            {"metadata": meta},
+            _content_type=MERGE,
         )
 
     async def _ip_free(self, pp: PodProcess) -> None:
@@ -682,36 +669,29 @@ class PodRunner:
     # --- the Service's EndpointSlices: who is in the rotation ----------------------------------
 
     async def _follow_endpoints(self) -> None:
-        assert self._api is not None and self.service is not None
-        path = f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices"
+        api = self._api
+        assert api is not None and self.service is not None
+        slices = api.discovery.list_namespaced_endpoint_slice
         selector = f"kubernetes.io/service-name={self.service}"
         while True:
             try:
-                resp = await self._api.get(path, params={"labelSelector": selector})
-                resp.raise_for_status()
-                body = resp.json()
+                body = await api.json(slices, self.namespace, label_selector=selector)
                 self._slices = {}
                 for item in body.get("items") or []:
                     self._slice(item, deleted=False)
-                params = {
-                    "labelSelector": selector,
-                    "watch": "true",
-                    "resourceVersion": body["metadata"]["resourceVersion"],
-                    "timeoutSeconds": "60",
-                }
-                timeout = httpx.Timeout(10.0, read=90.0)
-                async with self._api.stream("GET", path, params=params, timeout=timeout) as w:
-                    w.raise_for_status()
-                    async for line in w.aiter_lines():
-                        if not line.strip():
-                            continue
-                        event = json.loads(line)
-                        if event.get("type") == "ERROR":
-                            break
-                        self._slice(event.get("object") or {}, event.get("type") == "DELETED")
+                events = api.watch(
+                    slices,
+                    self.namespace,
+                    label_selector=selector,
+                    resource_version=body["metadata"]["resourceVersion"],
+                    timeout_seconds=60,
+                )
+                async for kind, obj in events:
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        self._slice(obj, kind == "DELETED")
             except asyncio.CancelledError:
                 raise
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
+            except WATCH_ERRORS as exc:
                 self.log(f"  pod runner: endpoint watch interrupted ({exc!r}); listing again")
                 await asyncio.sleep(0.5)
 

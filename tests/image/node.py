@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tests.cluster.harness import FAKE_NODE_ANNOTATION, SERVICE_IP, Cluster
+from tests.cluster.kube import ApiException, Kube
 from tests.e2e.podrunner import PodEnvError, container_env
 from tests.image.kubelet import Pod, VolumeSources, decoded, prepare_volumes, run_args
 from tests.image.netns import NodeNetwork, ServiceRule
@@ -165,10 +166,9 @@ class ImageNode:
             },
             "status": {"allocatable": capacity, "capacity": capacity},
         }
-        with self.cluster.httpx_client(timeout=30) as api:
-            api.delete(f"/api/v1/nodes/{self.name}")
-            created = api.post("/api/v1/nodes", json=node)
-            created.raise_for_status()
+        with self.cluster.api() as api:
+            api.find(api.core.delete_node, self.name)
+            api.json(api.core.create_node, node)
         self._thread = threading.Thread(target=self._loop, name="image-node", daemon=True)
         self._thread.start()
         return self
@@ -179,8 +179,8 @@ class ImageNode:
             self._thread.join(60)
         for uid in list(self.running):
             self._stop_pod(uid)
-        with self.cluster.httpx_client(timeout=30) as api:
-            api.delete(f"/api/v1/nodes/{self.name}")
+        with self.cluster.api() as api:
+            api.find(api.core.delete_node, self.name)
 
     def wait(self, check: Any, within: float, what: str) -> Any:
         """Until ``check()`` is truthy, re-checked after every pass of the node loop (an
@@ -205,7 +205,7 @@ class ImageNode:
     # ---------------------------------------------------------------- the loop
 
     def _loop(self) -> None:
-        with self.cluster.httpx_client(timeout=30) as api:
+        with self.cluster.api() as api:
             while not self._stop.is_set():
                 try:
                     self._pass(api)
@@ -215,12 +215,13 @@ class ImageNode:
                     self._changed.notify_all()
                 self._stop.wait(0.5)
 
-    def _pass(self, api: Any) -> None:
-        listed = api.get("/api/v1/pods", params={"fieldSelector": f"spec.nodeName={self.name}"})
-        listed.raise_for_status()
-        pods = {p["metadata"]["uid"]: p for p in listed.json()["items"]}
-        services = api.get("/api/v1/services").json()["items"]
-        slices = api.get("/apis/discovery.k8s.io/v1/endpointslices").json()["items"]
+    def _pass(self, api: Kube) -> None:
+        listed = api.json(
+            api.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={self.name}"
+        )
+        pods = {p["metadata"]["uid"]: p for p in listed["items"]}
+        services = api.json(api.core.list_service_for_all_namespaces)["items"]
+        slices = api.json(api.discovery.list_endpoint_slice_for_all_namespaces)["items"]
         # Routes first: a container may call a Service (the API server) the moment it starts.
         rules = service_rules(services, slices, self.net)
         if self._api_rule is not None:
@@ -252,7 +253,7 @@ class ImageNode:
                 )
                 pod.containers.remove(cname)
 
-    def _start_pod(self, api: Any, pod: Pod, services: list[dict[str, Any]]) -> None:
+    def _start_pod(self, api: Kube, pod: Pod, services: list[dict[str, Any]]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         started: list[str] = []
@@ -296,55 +297,42 @@ class ImageNode:
 
     # ---------------------------------------------------------------- what the API holds
 
-    def _sources(self, api: Any, pod: Pod) -> VolumeSources:
+    def _sources(self, api: Kube, pod: Pod) -> VolumeSources:
         meta = pod["metadata"]
         ns = meta["namespace"]
 
         def secret(name: str) -> dict[str, bytes] | None:
-            r = api.get(f"/api/v1/namespaces/{ns}/secrets/{name}")
-            return decoded_secret(r.json()) if r.status_code == 200 else None
+            body = api.find(api.core.read_namespaced_secret, name, ns)
+            return None if body is None else decoded_secret(body)
 
         def config_map(name: str) -> dict[str, bytes] | None:
-            r = api.get(f"/api/v1/namespaces/{ns}/configmaps/{name}")
-            if r.status_code != 200:
-                return None
-            body = r.json()
-            return decoded(body.get("data"), body.get("binaryData"))
+            body = api.find(api.core.read_namespaced_config_map, name, ns)
+            return None if body is None else decoded(body.get("data"), body.get("binaryData"))
 
         def token(account: str, audience: str | None, seconds: int) -> str:
-            spec: dict[str, Any] = {
-                "expirationSeconds": seconds,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                },
-            }
-            if audience:
-                spec["audiences"] = [audience]
-            r = api.post(
-                f"/api/v1/namespaces/{ns}/serviceaccounts/{account}/token", json={"spec": spec}
-            )
-            if r.status_code != 201:
-                raise PodEnvError(f"TokenRequest for {ns}/{account} refused: {r.text[:200]}")
-            return str(r.json()["status"]["token"])
+            audiences = [audience] if audience else None
+            try:
+                return api.mint_token(ns, account, audiences, pod=pod, seconds=seconds)
+            except ApiException as exc:
+                raise PodEnvError(
+                    f"TokenRequest for {ns}/{account} refused: {str(exc.body)[:200]}"
+                ) from exc
 
         def claim(name: str) -> Path:
             return self.claims / f"{ns}-{name}"
 
         return VolumeSources(secret=secret, config_map=config_map, token=token, claim=claim)
 
-    def _lookups(self, api: Any, ns: str) -> tuple[Any, Any]:
+    def _lookups(self, api: Kube, ns: str) -> tuple[Any, Any]:
         async def secret(name: str) -> dict[str, str] | None:
-            r = api.get(f"/api/v1/namespaces/{ns}/secrets/{name}")
-            if r.status_code != 200:
+            body = api.find(api.core.read_namespaced_secret, name, ns)
+            if body is None:
                 return None
-            return {k: v.decode() for k, v in decoded_secret(r.json()).items()}
+            return {k: v.decode() for k, v in decoded_secret(body).items()}
 
         async def config_map(name: str) -> dict[str, str] | None:
-            r = api.get(f"/api/v1/namespaces/{ns}/configmaps/{name}")
-            return dict(r.json().get("data") or {}) if r.status_code == 200 else None
+            body = api.find(api.core.read_namespaced_config_map, name, ns)
+            return None if body is None else dict(body.get("data") or {})
 
         return secret, config_map
 

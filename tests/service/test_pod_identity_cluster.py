@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from kubernetes import client
 
 from mcp_epoch.contract import TOKEN_AUDIENCE
 from tests.cluster.harness import Cluster
@@ -32,18 +33,11 @@ class Api:
     """The admin's view of the control plane, for setting the scene."""
 
     def __init__(self, cluster: Cluster) -> None:
-        self.http: httpx.Client = cluster.httpx_client(timeout=30)
-
-    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        r = self.http.post(path, json=body)
-        assert r.status_code in (200, 201), (path, r.status_code, r.text)
-        return dict(r.json())
+        self.kube = cluster.api()
 
     def account(self, namespace: str, name: str) -> None:
-        self.create(
-            f"/api/v1/namespaces/{namespace}/serviceaccounts",
-            {"metadata": {"name": name}},
-        )
+        body = {"metadata": {"name": name}}
+        self.kube.json(self.kube.core.create_namespaced_service_account, namespace, body)
 
     def token(
         self,
@@ -53,23 +47,9 @@ class Api:
         audiences: list[str] | None = None,
         pod: dict[str, Any] | None = None,
     ) -> str:
-        spec: dict[str, Any] = {"expirationSeconds": 600}
-        if audiences is not None:
-            spec["audiences"] = audiences
-        if pod is not None:
-            meta = pod["metadata"]
-            spec["boundObjectRef"] = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": meta["name"],
-                "uid": meta["uid"],
-            }
-        answer = self.create(
-            f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", {"spec": spec}
-        )
-        return str(answer["status"]["token"])
+        return self.kube.mint_token(namespace, account, audiences, pod=pod, seconds=600)
 
-    def pod(self, namespace: str, name: str, account: str = "server") -> Pod:
+    def create_pod(self, namespace: str, name: str, account: str = "server") -> dict[str, Any]:
         body = {
             "metadata": {"name": name},
             "spec": {
@@ -77,15 +57,21 @@ class Api:
                 "containers": [{"name": "mcp", "image": "mcp-server:test"}],
             },
         }
-        created = self.create(f"/api/v1/namespaces/{namespace}/pods", body)
+        created: dict[str, Any] = self.kube.json(
+            self.kube.core.create_namespaced_pod, namespace, body
+        )
+        return created
+
+    def pod(self, namespace: str, name: str, account: str = "server") -> Pod:
+        created = self.create_pod(namespace, name, account)
         token = self.token(namespace, account, audiences=[TOKEN_AUDIENCE], pod=created)
         return Pod(namespace, name, created["metadata"]["uid"], token)
 
     def delete_pod(self, pod: Pod) -> None:
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
-        self.http.delete(path, params={"gracePeriodSeconds": 0}).raise_for_status()
+        core = self.kube.core
+        self.kube.json(core.delete_namespaced_pod, pod.name, pod.namespace, grace_period_seconds=0)
         deadline = time.monotonic() + 30
-        while self.http.get(path).status_code != 404:
+        while self.kube.find(core.read_namespaced_pod, pod.name, pod.namespace) is not None:
             assert time.monotonic() < deadline, f"pod {pod.name} was never removed"
             time.sleep(0.1)
 
@@ -106,15 +92,16 @@ def scene(k8s_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     run = secrets.token_hex(3)
     system, ns_a, ns_b = f"pid-sys-{run}", f"pid-a-{run}", f"pid-b-{run}"
     for ns in (system, ns_a, ns_b):
-        api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+        api.kube.json(api.kube.core.create_namespace, {"metadata": {"name": ns}})
     for ns in (ns_a, ns_b):
         api.account(ns, "server")
     api.account(system, "epoch-service")
     api.account(system, "operator")
     # The epoch service gets exactly one right: to ask the API server about tokens.
     role = f"pid-tokenreview-{run}"
-    api.create(
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    rbac = client.RbacAuthorizationV1Api(api.kube.client)
+    api.kube.json(
+        rbac.create_cluster_role,
         {
             "metadata": {"name": role},
             "rules": [
@@ -126,8 +113,8 @@ def scene(k8s_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
             ],
         },
     )
-    api.create(
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    api.kube.json(
+        rbac.create_cluster_role_binding,
         {
             "metadata": {"name": role},
             "roleRef": {
@@ -171,7 +158,9 @@ def scene(k8s_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
             epochs[key] = epoch
     others = {
         # The API server's own audience: a token for the cluster, not for this service.
-        "wrong-audience": api.token(ns_a, "server", pod=k8s_cluster_pod(api, ns_a)),
+        "wrong-audience": api.token(
+            ns_a, "server", pod=api.create_pod(ns_a, f"aud-{secrets.token_hex(3)}")
+        ),
         # The right audience, but bound to no pod and not the operator.
         "unbound": api.token(ns_a, "server", audiences=[TOKEN_AUDIENCE]),
         "garbage": "not.a.token",
@@ -180,18 +169,7 @@ def scene(k8s_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield Scene(svc, operator, pods, epochs, api, others)
     finally:
         svc.stop()
-
-
-def k8s_cluster_pod(api: Api, namespace: str) -> dict[str, Any]:
-    name = f"aud-{secrets.token_hex(3)}"
-    body = {
-        "metadata": {"name": name},
-        "spec": {
-            "serviceAccountName": "server",
-            "containers": [{"name": "mcp", "image": "mcp-server:test"}],
-        },
-    }
-    return api.create(f"/api/v1/namespaces/{namespace}/pods", body)
+        api.kube.close()
 
 
 def register(scene: Scene, pod: str, epoch_of: str, body: Any = None) -> httpx.Response:
