@@ -114,6 +114,55 @@ class EpochList(BaseModel):
     epochs: list[Epoch]
 
 
+class RingReport(_Strict):
+    revision: int = Field(ge=1, description="the request-state ring revision this process holds")
+
+
+class RequestStateRing(BaseModel):
+    """A server's request-state key ring, as its own pods load it (and no other caller)."""
+
+    namespace: str
+    server: str
+    revision: int = Field(ge=1)
+    phase: str = Field(description="steady, adding or switching")
+    ttl_seconds: float = Field(gt=0, description="how long a sealed state stays valid")
+    keys: list[str] = Field(
+        repr=False, min_length=1, description="base64 secrets; keys[0] seals, every key opens"
+    )
+
+
+class RingHeld(BaseModel):
+    """What a pod's report recorded, against the ring as it is now."""
+
+    revision: int
+    current_revision: int
+
+
+class RingHolder(BaseModel):
+    pod: str
+    revision: int | None = Field(description="the ring revision its newest process holds")
+
+
+class RingStatus(BaseModel):
+    """A ring's rotation as the operator sees it: phases and pods, never a key."""
+
+    namespace: str
+    server: str
+    revision: int | None = Field(description="null until a pod first loads the ring")
+    phase: str
+    ttl_seconds: float
+    updated_at: float | None = Field(default=None, description="when the ring last changed")
+    started_at: float | None = Field(description="when the rotation under way began")
+    switched_at: float | None = Field(
+        description="when every live pod was first seen sealing with the new key"
+    )
+    drop_due: float | None = Field(description="when the old key may leave the ring")
+    holders: list[RingHolder]
+    behind: list[str] = Field(description="pods that do not hold this revision yet")
+    waiting: str | None = Field(description="what the rotation waits for, if anything")
+    advanced: bool = Field(default=False, description="this call moved the rotation on")
+
+
 class ErrorBody(BaseModel):
     code: str
     message: str
@@ -196,6 +245,37 @@ def list_server(
             params.append(("wait", wait))
     path = f"/v1/servers/{_seg(namespace)}/{_seg(server)}/epochs"
     return Call("list_server", "GET", path, EpochList, None, params)
+
+
+def _ring_path(namespace: str, server: str) -> str:
+    return f"/v1/servers/{_seg(namespace)}/{_seg(server)}/request-state"
+
+
+def request_state_ring(namespace: str, server: str) -> Call[RequestStateRing]:
+    """The server's key ring (made on first use); only the server's own pods may load it."""
+    path = f"{_ring_path(namespace, server)}/ring"
+    return Call("request_state_ring", "GET", path, RequestStateRing)
+
+
+def report_ring(process_epoch: str, revision: int) -> Call[RingHeld]:
+    """This process (its process epoch) holds ring ``revision`` now: it opens with every key
+    of that revision and seals with its first."""
+    path = f"/v1/epochs/{_seg(process_epoch)}/request-state"
+    return Call("report_ring", "PUT", path, RingHeld, RingReport(revision=revision))
+
+
+def ring_status(namespace: str, server: str) -> Call[RingStatus]:
+    return Call("ring_status", "GET", _ring_path(namespace, server), RingStatus)
+
+
+def rotate_ring(namespace: str, server: str) -> Call[RingStatus]:
+    """Begin a rotation (409 ``rotation-in-progress`` while one is under way)."""
+    return Call("rotate_ring", "POST", f"{_ring_path(namespace, server)}/rotate", RingStatus)
+
+
+def advance_ring(namespace: str, server: str) -> Call[RingStatus]:
+    """At most one step of the rotation under way, once every live pod holds its revision."""
+    return Call("advance_ring", "POST", f"{_ring_path(namespace, server)}/advance", RingStatus)
 
 
 def ready() -> Call[Readiness]:

@@ -43,6 +43,8 @@ RATE_ANNOTATION: Final = f"{GROUP}/events-per-second"
 PORT_ANNOTATION: Final = f"{GROUP}/port"
 DRAIN_ANNOTATION: Final = f"{GROUP}/drain-seconds"
 PRESTOP_ANNOTATION: Final = f"{GROUP}/prestop-seconds"
+#: On an McpServer: set to a new value (a date, a ticket) to rotate its request-state key ring.
+ROTATE_ANNOTATION: Final = f"{GROUP}/rotate-request-state"
 
 # --- the environment of an epoch-managed container --------------------------------------------
 
@@ -57,6 +59,8 @@ ENV_POD_NAME: Final = "MCP_POD_NAME"
 ENV_POD_UID: Final = "MCP_POD_UID"
 ENV_BUFFER: Final = "MCP_RESUME_BUFFER_EVENTS"
 ENV_DRAIN: Final = "MCP_EPOCH_DRAIN_SECONDS"
+#: How often a replica looks for a new revision of its server's request-state ring.
+ENV_RING_REFRESH: Final = "MCP_EPOCH_RING_REFRESH_SECONDS"
 #: Every variable the operator injects (the CRD forbids them in ``spec.env``).
 INJECTED_ENV: Final = (
     ENV_EPOCH,

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -107,6 +107,8 @@ class LocalProcessFleet(FleetDriver):
         buffer_events: int = 3000,
         log: Callable[[str], None] = lambda _line: None,
         termination: Termination | None = None,
+        request_state: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if kind == "epoch" and service is None:
             raise ValueError("the mcp-epoch fleet needs the epoch service")
@@ -117,6 +119,8 @@ class LocalProcessFleet(FleetDriver):
         self.buffer_events = buffer_events
         self.log = log
         self.termination = termination or Termination()
+        self.request_state = request_state  # the replica's --request-state (None: its default)
+        self.env = dict(env or {})  # added to every replica's environment
         self._all: list[Replica] = []
         self._live: list[Replica] = []
         self._counter = 0
@@ -177,6 +181,9 @@ class LocalProcessFleet(FleetDriver):
             )
         cmd = [sys.executable, "-m", "epochsvc.demo.replica", "--kind", self.kind, "--name", name]
         cmd += ["--buffer-events", str(self.buffer_events)]
+        if self.request_state is not None:
+            cmd += ["--request-state", self.request_state]
+        env.update(self.env)
         log = self.workdir / f"{name}.log"
         proc = await asyncio.to_thread(_spawn, cmd, env, log)
         assert proc.stdout is not None

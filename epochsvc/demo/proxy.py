@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -82,6 +83,9 @@ class Balancer:
         self._conns: dict[str, set[_Conn]] = defaultdict(set)
         self._server: asyncio.Server | None = None
         self.stats = ProxyStats()
+        #: Told of every request routed (the replica, the request body), for a test to see
+        #: where each round of a multi-round-trip request went.
+        self.on_request: Callable[[Backend, bytes], None] | None = None
 
     @property
     def url(self) -> str:
@@ -176,6 +180,8 @@ class Balancer:
                     continue
                 self.stats.requests += 1
                 self.stats.per_backend[backend.name] += 1
+                if self.on_request is not None:
+                    self.on_request(backend, body)
                 if not await self._forward(conn, backend, request_line, headers, body):
                     return
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):

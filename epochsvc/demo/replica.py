@@ -7,6 +7,12 @@ listens. Both kinds serve the same ``work`` tool; they differ only in what the d
 * ``epoch``: the replica library exactly as the README tells a server to adopt it
   (``mcp_epoch.epoch_safe_app(mcp)``), with the operator-style environment.
 * ``naive``: :mod:`epochsvc.demo.naive_server`, a model of ordinary servers.
+
+Every kind also serves ``approve``, a tool that asks for input the MCP 2026-07-28 way (a
+multi-round-trip request: an input-required result whose ``requestState`` the client echoes in
+its retry). ``--request-state ring`` (the default for ``epoch``) seals that state under the
+server's ring (``mcp_epoch.request_state_security()``); ``ephemeral`` is the SDK's default, a key
+of this process only.
 """
 
 from __future__ import annotations
@@ -17,15 +23,15 @@ import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import uvicorn
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from pydantic import BaseModel
 
 from epochsvc.demo.checker import REPLICA_HEADER, Token
-from mcp_epoch import EpochSafeApp, epoch_safe_app, serve
+from mcp_epoch import EpochSafeApp, epoch_safe_app, request_state_security, serve
 from mcp_epoch.contract import READY_PATH
 
 Scope = MutableMapping[str, Any]
@@ -36,7 +42,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 RETRY_MS = 100  # the SSE retry the replicas suggest: clients reconnect 0.1 s after a drop
 MCP_PATH = "/mcp"  # the SDK's default streamable_http_path
 
-mcp = MCPServer("mcp-epoch-demo")
+SERVER_NAME = "mcp-epoch-demo"
 REPLICA = {"name": "?"}
 
 
@@ -44,7 +50,24 @@ class Answer(BaseModel):
     token: str
 
 
-@mcp.tool()
+def approval_question(subject: str) -> str:
+    """The same on every replica and every round: the SDK asks a question once, and matches
+    the answer the state carries to the question asked again."""
+    return f"approve {subject}?"
+
+
+async def ask_approval(subject: str) -> Elicit[Answer]:
+    return Elicit(approval_question(subject), Answer)
+
+
+async def approve(subject: str, answer: Annotated[Answer, Resolve(ask_approval)]) -> str:
+    """Ask the client to approve ``subject`` (the 2026-07-28 way: the question goes out in an
+    input-required result, the answer comes back in a new request) and name who finished."""
+    if answer.token != approval_question(subject):
+        raise ValueError(f"the answer to {approval_question(subject)!r} was {answer.token!r}")
+    return json.dumps({"subject": subject, "finished_by": REPLICA["name"]})
+
+
 async def work(
     uid: str,
     call: str,
@@ -138,8 +161,21 @@ class NameEveryAnswer:
         await self.app(scope, receive, named)
 
 
-def build(kind: str, buffer_events: int) -> tuple[ASGIApp, EpochSafeApp | None]:
+def make_server(request_state: str) -> MCPServer:
+    if request_state == "ring":  # the one line a server adds for multi-round-trip state
+        server = MCPServer(SERVER_NAME, request_state_security=request_state_security())
+    else:
+        server = MCPServer(SERVER_NAME)
+    server.tool()(work)
+    server.tool()(approve)
+    return server
+
+
+def build(
+    kind: str, buffer_events: int, request_state: str | None = None
+) -> tuple[ASGIApp, EpochSafeApp | None]:
     """The replica's ASGI app, and the epoch-safe app inside it (None for naive)."""
+    mcp = make_server(request_state or ("ring" if kind == "epoch" else "ephemeral"))
     if kind == "epoch":
         app = epoch_safe_app(mcp, retry_interval=RETRY_MS)  # the one line a server adds
         return NoStandaloneStream(NameEveryAnswer(app)), app
@@ -185,9 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
     parser.add_argument("--buffer-events", type=int, default=3000)
+    parser.add_argument(
+        "--request-state",
+        choices=("ring", "ephemeral"),
+        help="what seals multi-round-trip state (default: ring for epoch, else ephemeral)",
+    )
     args = parser.parse_args(argv)
     REPLICA["name"] = args.name
-    app, epoch_app = build(args.kind, args.buffer_events)
+    app, epoch_app = build(args.kind, args.buffer_events, args.request_state)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))

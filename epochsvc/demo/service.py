@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from mcp_epoch.api_client import EpochServiceClient
@@ -24,8 +25,9 @@ _LISTEN = re.compile(r"listening on (http://\S+)")
 class EpochService:
     """One ``mcp-epoch serve`` process on loopback; its log goes to ``workdir/epochsvc.log``."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, env: Mapping[str, str] | None = None) -> None:
         self.workdir = workdir
+        self.env = dict(env or {})
         self.operator_token = secrets.token_urlsafe(24)
         self.replica_token = secrets.token_urlsafe(24)
         self.url = ""
@@ -39,6 +41,7 @@ class EpochService:
             "EPOCHSVC_OPERATOR_TOKEN": self.operator_token,
             "EPOCHSVC_REPLICA_TOKEN": self.replica_token,
             "EPOCHSVC_LOG_LEVEL": "warning",
+            **self.env,
         }
         log = (self.workdir / "epochsvc.log").open("a")
         cmd = [sys.executable, "-m", "epochsvc.cli", "serve", "--host", "127.0.0.1", "--port", "0"]

@@ -60,6 +60,28 @@ class Access:
         if (own.namespace, own.server) != (namespace, server):
             raise ApiError(403, "forbidden", "a pod may read only its own server's epochs")
 
+    async def check_ring_read(self, caller: Caller, namespace: str, server: str) -> None:
+        """A server's request-state keys go to its own pods only. The operator drives
+        rotations without ever seeing a key; the static replica token stands for every
+        replica of a local run, so it may load any server's ring."""
+        if caller.role is Role.OPERATOR:
+            raise ApiError(
+                403,
+                "forbidden",
+                "request-state keys are served only to the server's own pods; the operator "
+                "reads a ring's status at /v1/servers/{namespace}/{server}/request-state",
+            )
+        await self.check_read(caller, namespace, server)
+
+    async def check_own_epoch(self, caller: Caller, generation: int) -> None:
+        """A pod acts only for the epoch bound to itself."""
+        if caller.role is not Role.POD:
+            return
+        own = await self.own_epoch(caller)
+        if own is None or own.generation != generation:
+            raise ApiError(403, "not-your-epoch", "a pod may report only for its own epoch")
+        _refuse_retired(own)
+
     async def incarnation_uid(self, caller: Caller, named_uid: str | None) -> str | None:
         """The pod UID a registration must match (None: the operator, which need not)."""
         if caller.role is Role.OPERATOR:

@@ -20,7 +20,7 @@ from epochsvc.service.limits import BodyLimit
 from epochsvc.service.listings import RenderedLists
 from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.metrics import Metrics, ObserveLatency
-from epochsvc.service.routers import epochs, health, servers
+from epochsvc.service.routers import epochs, health, request_state, servers
 from epochsvc.service.settings import Settings
 from epochsvc.service.store import EpochStore, StoreUnavailable, open_store
 from mcp_epoch import __version__
@@ -132,7 +132,7 @@ def create_app(
     install_error_handlers(app)
     # Refuses oversized bodies, declared or streamed, before anything parses them.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    for module in (epochs, servers, health):
+    for module in (epochs, servers, request_state, health):
         app.include_router(module.router)
 
     app.add_middleware(ObserveLatency, metrics=app.state.metrics)

@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     # How often the long polls' catch-up reads each waited-on server's newest revision (once
     # per server, not per waiter), so a change no notification announced is answered anyway.
     poll_interval_seconds: float = Field(default=1.0, gt=0)
+    # A server's request-state ring is made with this TTL (MCP 2026-07-28 multi-round-trip
+    # state; the SDK's default). Pods seal with it, and a rotation keeps an old key this long
+    # after every pod stopped sealing with it.
+    request_state_ttl_seconds: float = Field(default=600.0, gt=0, le=86400)
     max_body_bytes: int = Field(default=16 * 1024, gt=0)
     # A longer request head (request line and headers) gets 431 before it is buffered.
     max_header_bytes: int = Field(default=16 * 1024, gt=0)

@@ -32,6 +32,7 @@ from mcp_epoch._internal.guard import (
 )
 from mcp_epoch._internal.health import Health
 from mcp_epoch._internal.inflight import InFlight
+from mcp_epoch._internal.keyring import follower
 from mcp_epoch._internal.liveview import LiveEpochView
 from mcp_epoch._internal.process import ProcessStart, start_process_epoch
 from mcp_epoch._internal.store import NOT_STARTED, EpochEventStore
@@ -96,6 +97,16 @@ class EpochSafeApp:
         start = await anyio.to_thread.run_sync(start_process_epoch, self.config)
         self.store.bind(start.epoch)
         self.process_start = start
+        ring = follower()
+        if ring is not None:
+            # Before serving: a state sealed by a peer opens here only with the server's ring.
+            ring.start(start.epoch, start.registered)
+            if not await anyio.to_thread.run_sync(ring.wait_loaded, self._first_sync_timeout):
+                log.error(
+                    "no request-state ring after %.1fs (%s): not ready until it loads",
+                    self._first_sync_timeout,
+                    ring.last_error,
+                )
         if self.view is None:
             return
         self.view.start()
@@ -174,6 +185,9 @@ class EpochSafeApp:
     async def close(self) -> None:
         """Stop following the ledger and forwarding."""
         await self._guard.forwarder.aclose()
+        ring = follower()
+        if ring is not None:
+            await anyio.to_thread.run_sync(ring.stop)
         if self.view is not None:
             await anyio.to_thread.run_sync(self.view.stop)
 
@@ -194,6 +208,7 @@ class EpochSafeApp:
             view=self.view,
             forwarded=self.forwarded,
             registered=bool(self.process_start and self.process_start.registered),
+            ring=follower(),
         )
 
     async def _probe(self, path: str, send: Send) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from mcp_epoch._internal.keyring import RingFollower
 from mcp_epoch._internal.liveview import LiveEpochView
 
 
@@ -21,6 +22,7 @@ class Health:
     view: LiveEpochView | None
     forwarded: int
     registered: bool
+    ring: RingFollower | None = None
 
     @property
     def problems(self) -> list[str]:
@@ -31,6 +33,11 @@ class Health:
             found.append(
                 "the epoch service refuses this pod's credentials: "
                 f"{self.view.last_error or 'no detail'}"
+            )
+        if self.ring is not None and not self.ring.loaded:
+            found.append(
+                "the request-state ring is not loaded yet: "
+                f"{self.ring.last_error or 'waiting for the epoch service'}"
             )
         if self.draining:
             found.append("draining: finishing the calls in flight before exit")
@@ -62,4 +69,6 @@ class Health:
             "# TYPE mcp_epoch_forwarded_total counter",
             f"mcp_epoch_forwarded_total {self.forwarded}",
         ]
+        if self.ring is not None:
+            lines.extend(self.ring.metrics())
         return ("\n".join(lines) + "\n").encode()

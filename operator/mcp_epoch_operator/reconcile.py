@@ -8,12 +8,13 @@ remembers), so tests call them directly with fake clients.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from mcp_epoch import api, api_client
 from mcp_epoch.api_client import EpochServiceError, EpochServiceUnavailable
 from mcp_epoch.contract import ACTIVE_STATES
-from mcp_epoch_operator import lifecycle, resync, status
+from mcp_epoch_operator import lifecycle, resync, rotation, status
 from mcp_epoch_operator.epochs import BACKGROUND_POLICY, PROBE_POLICY
 from mcp_epoch_operator.kube import KubeError
 from mcp_epoch_operator.names import SERVER_LABEL
@@ -132,6 +133,7 @@ async def sync_server(rt: Runtime, key: Key, reapply: bool) -> None:
         return
     deployment = await rt.kube.get_deployment(ns, name)
     new_status = status.build_status(mcps, deployment, ledger, pods, rt.reach, problem=problem)
+    await sync_ring(rt, key, mcps, new_status)
     if new_status != (mcps.get("status") or {}):
         try:
             await rt.kube.patch_mcpserver_status(ns, name, new_status)
@@ -152,3 +154,59 @@ async def apply_owned(rt: Runtime, key: Key, mcps: dict[str, Any]) -> str | None
         rt.events.post(key, "Warning", "ReconcileFailed", message)
         return message
     return None
+
+
+async def sync_ring(
+    rt: Runtime, key: Key, mcps: dict[str, Any], new_status: dict[str, Any]
+) -> None:
+    """The request-state key ring: begin a rotation when one is due, ask the service to step a
+    rotation under way on (it refuses while a live pod lags), show the progress in
+    ``new_status``, and look again soon while rotating."""
+    ns, name = key
+    try:
+        ring = await rt.svc_call(api.ring_status(ns, name), PROBE_POLICY)
+        now = time.time()
+        begun = rotation.due(mcps, ring, now)
+        if begun is not None:
+            ring = await rt.svc_call(api.rotate_ring(ns, name))
+            rt.events.post(
+                key,
+                "Normal",
+                "RequestStateRotationStarted",
+                f"rotating the request-state key ring ({begun.why}): revision {ring.revision}, "
+                "a new key joins; each step waits for every live pod",
+            )
+        elif rotation.rotating(ring):
+            before = ring.phase
+            ring = await rt.svc_call(api.advance_ring(ns, name))
+            if ring.advanced and ring.phase != before:
+                done = ring.phase == "steady"
+                rt.events.post(
+                    key,
+                    "Normal",
+                    "RequestStateRotated" if done else "RequestStateRotationAdvanced",
+                    f"request-state ring revision {ring.revision}: "
+                    + ("the old key has left the ring" if done else f"{before} -> {ring.phase}"),
+                )
+    except (EpochServiceUnavailable, EpochServiceError) as exc:
+        log.info("request-state ring of %s/%s not readable: %s", ns, name, exc)
+        old = (mcps.get("status") or {}).get("requestState")
+        if old:
+            new_status["requestState"] = old
+        return
+    if ring.revision is None:
+        return  # no pod has loaded a ring yet: nothing to show or rotate
+    previous = (mcps.get("status") or {}).get("requestState") or {}
+    new_status["requestState"] = rotation.build_request_state(previous, ring, begun, now)
+    conditions = (mcps.get("status") or {}).get("conditions") or []
+    generation = mcps["metadata"].get("generation")
+    cond = rotation.ring_condition(conditions, ring, now, generation, status.now_iso())
+    if cond["reason"] == "RotationStalled" and not any(
+        c.get("type") == rotation.CONDITION and c.get("reason") == "RotationStalled"
+        for c in conditions
+    ):
+        rt.events.post(key, "Warning", "RequestStateRotationStalled", cond["message"])
+        log.warning("%s/%s: %s", ns, name, cond["message"])
+    new_status["conditions"] = [*new_status["conditions"], cond]
+    if rotation.rotating(ring) or begun is not None:
+        rt.mark_later(key, rotation.POLL_SECONDS)

@@ -101,6 +101,10 @@ class Runtime:
         self.dirty[key] = self.dirty.get(key, False) or reapply
         self.wake.set()
 
+    def mark_later(self, key: Key, delay: float) -> None:
+        """Reconcile the server again after ``delay`` seconds (a rotation under way)."""
+        asyncio.get_running_loop().call_later(delay, self.mark, *key)
+
     def forget(self, key: Key) -> None:
         """Nothing is left of the server: no more reconciles until it shows up again."""
         self.known.discard(key)

@@ -6,6 +6,7 @@ test_operator_cluster.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +18,11 @@ from mcp_epoch_operator.names import EPOCH_ANNOTATION, SERVER_LABEL
 from mcp_epoch_operator.resources import ReplicaDefaults
 from mcp_epoch_operator.runtime import Runtime
 
-from mcp_epoch.api import Call, Epoch, EpochList, Readiness
+from epochsvc.service import keyring
+from epochsvc.service.routers.request_state import status_of
+from mcp_epoch.api import Call, Epoch, EpochList, Readiness, RingStatus
 from mcp_epoch.api_client import EpochServiceError, EpochServiceUnavailable
+from mcp_epoch.contract import ROTATE_ANNOTATION
 
 NS = "team"
 
@@ -108,6 +112,9 @@ class FakeLedger:
         self.epochs: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
         self.down = False
+        #: The request-state ring (the service's own rotation rules), and what each pod holds.
+        self.ring: keyring.Ring | None = None
+        self.holding: dict[str, int | None] = {}
 
     def add(self, server: str, generation: int, state: str, pod_uid: str | None = None) -> str:
         epoch = f"abcd1234-{generation}"
@@ -135,6 +142,8 @@ class FakeLedger:
         parts = call.path.strip("/").split("/")
         if call.path == "/readyz":
             return Readiness(status="ready", ledger_id=LEDGER_ID)
+        if parts[:2] == ["v1", "servers"] and parts[4:5] == ["request-state"]:
+            return self._ring_call(parts[3], parts[5:])
         if parts[:2] == ["v1", "servers"]:
             epochs = [Epoch(**e) for e in self.epochs.values() if e["server"] == parts[3]]
             return EpochList(ledger_id=LEDGER_ID, revision=1, epochs=epochs)
@@ -151,6 +160,18 @@ class FakeLedger:
                 pod_name=body["pod_name"], pod_uid=body["pod_uid"], address=body.get("address")
             )
         return Epoch(**entry)
+
+    def _ring_call(self, server: str, verb: list[str]) -> RingStatus:
+        holders = [keyring.Holder(pod, rev) for pod, rev in sorted(self.holding.items())]
+        step = None
+        if self.ring is not None and verb == ["rotate"]:
+            self.calls.append(("rotate", server))
+            self.ring = keyring.start_rotation(self.ring, time.time())
+        elif self.ring is not None and verb == ["advance"]:
+            self.calls.append(("advance", server))
+            step = keyring.advance(self.ring, holders, time.time())
+            self.ring = step.ring
+        return status_of(NS, server, self.ring, holders, 600.0, step)
 
     async def aclose(self) -> None:
         pass
@@ -340,3 +361,76 @@ def test_warnings_about_one_server_are_not_repeated_within_the_interval(world: A
 
     run(scenario())
     assert [e[1] for e in kube.events] == ["EpochIssueFailed", "OtherReason"]
+
+
+def test_a_ring_rotation_is_begun_on_demand_stepped_as_pods_report_and_shown(
+    world: Any,
+) -> None:
+    rt, kube, ledger = world
+    ledger.ring = keyring.Ring(NS, "echo", 1, keyring.Phase.STEADY, (b"k" * 32,), 0.0, 0.0)
+    ledger.holding = {"echo-0": 1, "echo-1": 1}
+    kube.mcpservers[(NS, "echo")] = server = mcpserver("echo")
+    sync = reconcile.sync_server
+
+    def ring_status() -> tuple[dict[str, Any], dict[str, Any]]:
+        current = kube.mcpservers[(NS, "echo")]["status"]
+        cond = next(c for c in current["conditions"] if c["type"] == "RequestStateRing")
+        return current["requestState"], cond
+
+    async def scenario() -> None:
+        await sync(rt, (NS, "echo"), reapply=False)  # steady, nothing asked
+        assert ("rotate", "echo") not in ledger.calls
+        state, cond = ring_status()
+        assert (state["phase"], state["podsAtRevision"], cond["reason"]) == ("steady", 2, "Steady")
+
+        server["metadata"]["annotations"] = {ROTATE_ANNOTATION: "2026-12-02"}
+        await sync(rt, (NS, "echo"), reapply=False)
+        state, cond = ring_status()
+        assert state["phase"] == "adding" and state["rotationRequest"] == "2026-12-02"
+        assert cond["reason"] == "Rotating"
+        await sync(rt, (NS, "echo"), reapply=False)  # nobody holds revision 2: no step
+        state, _ = ring_status()
+        assert state["phase"] == "adding" and state["behind"] == ["echo-0", "echo-1"]
+
+        for phase, revision in (("switching", 2), ("switching", 3), ("steady", 3)):
+            ledger.holding = dict.fromkeys(ledger.holding, revision)
+            await sync(rt, (NS, "echo"), reapply=False)
+            assert ring_status()[0]["phase"] == phase
+        await sync(rt, (NS, "echo"), reapply=False)  # the same annotation: no second rotation
+        await settle(rt)
+
+    run(scenario())
+    assert ledger.calls.count(("rotate", "echo")) == 1
+    assert ledger.ring is not None and ledger.ring.revision == 4
+    assert len(ledger.ring.keys) == 1 and ledger.ring.keys[0] != b"k" * 32
+    reasons = [reason for _, reason, _ in kube.events if reason.startswith("RequestState")]
+    assert reasons == [
+        "RequestStateRotationStarted",
+        "RequestStateRotationAdvanced",
+        "RequestStateRotated",
+    ]
+    assert all("kkkk" not in message for _, _, message in kube.events)
+
+
+def test_a_pod_that_never_catches_up_stalls_the_rotation_loudly_and_keeps_the_keys(
+    world: Any,
+) -> None:
+    rt, kube, ledger = world
+    steady = keyring.Ring(NS, "echo", 1, keyring.Phase.STEADY, (b"k" * 32,), 0.0, 0.0)
+    ledger.ring = keyring.start_rotation(steady, time.time() - 3600)  # began an hour ago
+    ledger.holding = {"echo-0": 2, "echo-1": 1}
+    kube.mcpservers[(NS, "echo")] = mcpserver("echo")
+
+    async def scenario() -> None:
+        for _ in range(2):
+            await reconcile.sync_server(rt, (NS, "echo"), reapply=False)
+        await settle(rt)
+
+    run(scenario())
+    current = kube.mcpservers[(NS, "echo")]["status"]
+    cond = next(c for c in current["conditions"] if c["type"] == "RequestStateRing")
+    assert (cond["status"], cond["reason"]) == ("False", "RotationStalled")
+    assert "echo-1" in cond["message"] and current["requestState"]["behind"] == ["echo-1"]
+    assert ledger.ring.phase is keyring.Phase.ADDING and len(ledger.ring.keys) == 2
+    stalls = [r for t, r, _ in kube.events if r == "RequestStateRotationStalled"]
+    assert stalls == ["RequestStateRotationStalled"]  # once, not once per pass

@@ -46,6 +46,7 @@ def test_the_public_face_is_small() -> None:
         "Reason",
         "ResumptionRejected",
         "epoch_safe_app",
+        "request_state_security",
         "serve",
     ]
     for name in mcp_epoch.__all__:

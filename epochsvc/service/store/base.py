@@ -6,6 +6,7 @@ import abc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from epochsvc.service.keyring import Holder, Ring, Step
 from epochsvc.service.lifecycle import Action, State
 
 
@@ -133,6 +134,29 @@ class EpochStore(abc.ABC):
 
     @abc.abstractmethod
     async def ping(self) -> None: ...
+
+    # --- request-state key rings (keyring.py) -------------------------------------------
+
+    @abc.abstractmethod
+    async def ring(self, namespace: str, server: str, ttl: float) -> Ring:
+        """The server's ring; made (steady, one fresh key, ``ttl``) the first time it is asked
+        for."""
+
+    @abc.abstractmethod
+    async def ring_status(self, namespace: str, server: str) -> tuple[Ring | None, list[Holder]]:
+        """The ring (``None`` if never made) and every live pod with the revision it holds."""
+
+    @abc.abstractmethod
+    async def report_ring(self, generation: int, incarnation: int, revision: int) -> Ring:
+        """The pod epoch's process ``incarnation`` holds ring ``revision`` now."""
+
+    @abc.abstractmethod
+    async def rotate_ring(self, namespace: str, server: str, ttl: float) -> Ring:
+        """Begin a rotation (RotationInProgress while one is under way)."""
+
+    @abc.abstractmethod
+    async def advance_ring(self, namespace: str, server: str, ttl: float) -> Step:
+        """At most one step of a rotation under way, if every live pod has caught up."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

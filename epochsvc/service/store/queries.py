@@ -71,6 +71,15 @@ def bump(conn: Connection, *, generation: bool = False) -> tuple[int, int]:
     return int(row.revision), int(row.generation)
 
 
+_LOCK = sa.select(ledger_table.c.id).where(ledger_table.c.id == LEDGER_ROW).with_for_update()
+
+
+def lock_writers(conn: Connection) -> None:
+    """Take the writer lock that :func:`bump` takes, without spending a revision (for writes
+    that change no epoch)."""
+    conn.execute(_LOCK)
+
+
 def fetch(conn: Connection, generation: int, ledger8: str) -> EpochRecord:
     row = conn.execute(_BY_GENERATION, {"b_generation": generation}).first()
     if row is None:

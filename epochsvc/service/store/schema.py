@@ -40,3 +40,30 @@ epochs_table = sa.Table(
     sa.Index("ix_epochs_server", "namespace", "server", "revision"),
     sa.Index("ix_epochs_state_updated", "state", "updated_at"),
 )
+
+# Since 0.3 (migration 0003): each MCP server's request-state key ring (keyring.py), and which
+# ring revision each live pod's newest process holds. Apart from ``epochs``: a ring step or a
+# report changes no epoch, so it wakes none of the servers' live views.
+rings_table = sa.Table(
+    "request_state_rings",
+    metadata,
+    sa.Column("namespace", sa.String(63), primary_key=True),
+    sa.Column("server", sa.String(63), primary_key=True),
+    sa.Column("revision", sa.BigInteger, nullable=False),
+    sa.Column("phase", sa.String(16), nullable=False),
+    # JSON list of base64 keys, keys[0] seals. Secret: the ledger is as sensitive as a Secret.
+    sa.Column("keys", sa.Text, nullable=False),
+    sa.Column("ttl", sa.Float, nullable=False),
+    sa.Column("started_at", sa.Float),
+    sa.Column("switched_at", sa.Float),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+ring_holders_table = sa.Table(
+    "request_state_holders",
+    metadata,
+    sa.Column("generation", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("incarnation", sa.BigInteger, nullable=False),
+    sa.Column("revision", sa.BigInteger, nullable=False),
+    sa.Column("reported_at", sa.Float, nullable=False),
+)

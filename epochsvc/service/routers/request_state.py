@@ -1,0 +1,142 @@
+"""Request-state key rings (MCP 2026-07-28): pods load their server's ring and report which
+revision they hold; the operator reads a ring's rotation and moves it on (keyring.py)."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+from fastapi import APIRouter, Depends
+
+from epochsvc.service import keyring
+from epochsvc.service.auth import AnyCaller, Operator
+from epochsvc.service.deps import (
+    Config,
+    EpochPath,
+    Rules,
+    Store,
+    json_body,
+    parse_any_epoch,
+)
+from epochsvc.service.errors import ApiError
+from epochsvc.service.keyring import Holder, Phase, Ring, RotationInProgress
+from epochsvc.service.routers.servers import NameParam
+from mcp_epoch.api import (
+    ErrorBody,
+    RequestStateRing,
+    RingHeld,
+    RingHolder,
+    RingReport,
+    RingStatus,
+)
+from mcp_epoch.contract import ProcessEpoch
+
+router = APIRouter(
+    prefix="/v1",
+    tags=["request-state"],
+    responses={code: {"model": ErrorBody} for code in (401, 403, 404, 409, 415, 422, 503)},
+    dependencies=[Depends(json_body)],
+)
+
+
+def status_of(
+    namespace: str,
+    server: str,
+    ring: Ring | None,
+    holders: list[Holder],
+    ttl: float,
+    step: keyring.Step | None = None,
+) -> RingStatus:
+    """A ring's rotation without its keys."""
+    late = list(step.behind if step else (keyring.behind(ring, holders) if ring else ()))
+    waiting = step.waiting if step else None
+    if ring is not None and step is None and ring.phase is not Phase.STEADY:
+        waiting = keyring.advance(ring, holders, time.time()).waiting
+    return RingStatus(
+        namespace=namespace,
+        server=server,
+        revision=ring.revision if ring else None,
+        phase=(ring.phase if ring else Phase.STEADY).value,
+        ttl_seconds=ring.ttl if ring else ttl,
+        updated_at=ring.updated_at if ring else None,
+        started_at=ring.started_at if ring else None,
+        switched_at=ring.switched_at if ring else None,
+        drop_due=keyring.drop_due(ring) if ring else None,
+        holders=[RingHolder(pod=h.pod, revision=h.revision) for h in holders],
+        behind=late,
+        waiting=waiting,
+        advanced=bool(step and step.advanced),
+    )
+
+
+@router.get("/servers/{namespace}/{server}/request-state/ring", response_model=RequestStateRing)
+async def load_ring(
+    namespace: NameParam,
+    server: NameParam,
+    store: Store,
+    rules: Rules,
+    settings: Config,
+    caller: AnyCaller,
+) -> RequestStateRing:
+    """The server's key ring, made on first use. Only the server's own pods may load it."""
+    await rules.check_ring_read(caller, namespace, server)
+    ring = await store.ring(namespace, server, settings.request_state_ttl_seconds)
+    return RequestStateRing(
+        namespace=namespace,
+        server=server,
+        revision=ring.revision,
+        phase=ring.phase.value,
+        ttl_seconds=ring.ttl,
+        keys=[base64.b64encode(k).decode() for k in ring.keys],
+    )
+
+
+@router.put("/epochs/{epoch}/request-state", response_model=RingHeld)
+async def report_ring(
+    epoch: EpochPath, body: RingReport, store: Store, rules: Rules, caller: AnyCaller
+) -> RingHeld:
+    """The process (a process epoch) holds ring ``revision``: it opens with all its keys and
+    seals with the first. Sent after the process switched, never before."""
+    parsed = parse_any_epoch(store, epoch)
+    if not isinstance(parsed, ProcessEpoch):
+        raise ApiError(
+            422, "malformed-epoch", f"{epoch} is a pod epoch; report with the process epoch"
+        )
+    await rules.check_own_epoch(caller, parsed.pod.generation)
+    ring = await store.report_ring(parsed.pod.generation, parsed.incarnation, body.revision)
+    return RingHeld(revision=body.revision, current_revision=ring.revision)
+
+
+@router.get("/servers/{namespace}/{server}/request-state", response_model=RingStatus)
+async def ring_status(
+    namespace: NameParam, server: NameParam, store: Store, settings: Config, _: Operator
+) -> RingStatus:
+    """The ring's rotation: phase, revision, and the revision every live pod holds."""
+    ring, holders = await store.ring_status(namespace, server)
+    return status_of(namespace, server, ring, holders, settings.request_state_ttl_seconds)
+
+
+@router.post("/servers/{namespace}/{server}/request-state/rotate", response_model=RingStatus)
+async def rotate_ring(
+    namespace: NameParam, server: NameParam, store: Store, settings: Config, _: Operator
+) -> RingStatus:
+    """Begin a rotation: a fresh key joins the ring (409 while a rotation is under way)."""
+    ttl = settings.request_state_ttl_seconds
+    try:
+        await store.rotate_ring(namespace, server, ttl)
+    except RotationInProgress as exc:
+        raise ApiError(409, "rotation-in-progress", str(exc)) from None
+    ring, holders = await store.ring_status(namespace, server)
+    return status_of(namespace, server, ring, holders, ttl)
+
+
+@router.post("/servers/{namespace}/{server}/request-state/advance", response_model=RingStatus)
+async def advance_ring(
+    namespace: NameParam, server: NameParam, store: Store, settings: Config, _: Operator
+) -> RingStatus:
+    """At most one step of the rotation under way: taken only once every live pod holds the
+    current revision (and, to drop the old key, one TTL after they all sealed with the new)."""
+    ttl = settings.request_state_ttl_seconds
+    step = await store.advance_ring(namespace, server, ttl)
+    _ring, holders = await store.ring_status(namespace, server)
+    return status_of(namespace, server, step.ring, holders, ttl, step)

@@ -1,0 +1,251 @@
+"""The request-state key ring of this server, followed from the epoch service (MCP 2026-07-28).
+
+The SDK seals a multi-round-trip request's ``requestState`` under a key only the sealing
+process holds, unless told otherwise, so a client's retry that reaches another replica (or
+this pod after a restart) is refused. :func:`request_state_security` gives the SDK a policy
+whose codec holds the *server's* ring instead: every replica loads the same ring from the
+epoch service, follows its rotation without a restart, and reports the ring revision it holds
+(after switching, never before), which is what lets a rotation advance.
+
+The codec is the SDK's own AES-GCM codec, rebuilt for each ring revision and swapped whole; a
+refused state is refused the SDK's way (``InvalidRequestState``, hence -32602 on the wire) and
+counted here by reason for ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mcp_epoch import api
+from mcp_epoch._internal.config import ReplicaConfig
+from mcp_epoch.api_client import (
+    EpochServiceError,
+    EpochServiceUnavailable,
+    SyncEpochServiceClient,
+)
+from mcp_epoch.contract import ENV_RING_REFRESH, ProcessEpoch
+
+if TYPE_CHECKING:
+    from mcp.server.request_state import RequestStateSecurity
+
+log = logging.getLogger("mcp_epoch.request_state")
+
+#: How often a replica asks whether its server's ring moved on.
+DEFAULT_REFRESH_SECONDS = 5.0
+#: The SDK's state TTL, until the ring says otherwise.
+SDK_DEFAULT_TTL = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    revision: int
+    codec: object  # the SDK's AESGCMRequestStateCodec for this revision's keys
+
+
+class RingCodec:
+    """A ``RequestStateCodec`` over whichever ring revision this process holds now."""
+
+    def __init__(self) -> None:
+        self._held: _Held | None = None
+        self.rejected: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    @property
+    def revision(self) -> int:
+        """The ring revision in use (0: none loaded yet)."""
+        held = self._held
+        return held.revision if held else 0
+
+    def install(self, revision: int, keys: list[bytes]) -> None:
+        from mcp.server.request_state import AESGCMRequestStateCodec
+
+        self._held = _Held(revision, AESGCMRequestStateCodec(keys))
+
+    def seal(self, payload: bytes) -> str:
+        held = self._held
+        if held is None:  # the SDK answers a sanitized internal error: nothing sealed
+            raise RuntimeError("no request-state ring loaded yet")
+        return held.codec.seal(payload)  # type: ignore[attr-defined, no-any-return]
+
+    def unseal(self, token: str) -> bytes:
+        from mcp.server.request_state import InvalidRequestState
+
+        held = self._held
+        try:
+            if held is None:
+                raise InvalidRequestState("no ring loaded")
+            return held.codec.unseal(token)  # type: ignore[attr-defined, no-any-return]
+        except InvalidRequestState as exc:
+            with self._lock:
+                self.rejected[str(exc).replace(" ", "_")] += 1
+            raise
+
+
+class RingFollower:
+    """Loads this server's ring, follows it in a daemon thread, reports what it holds."""
+
+    def __init__(self, config: ReplicaConfig, codec: RingCodec, refresh: float) -> None:
+        self.config = config
+        self.codec = codec
+        self.refresh = refresh
+        self.ttl = SDK_DEFAULT_TTL
+        self.reported = 0  # the revision the service last accepted from this process
+        self.last_error: str | None = None
+        self._process: ProcessEpoch | None = None
+        self._stop = threading.Event()
+        self._loaded = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._security: RequestStateSecurity | None = None
+
+    @property
+    def enabled(self) -> bool:
+        c = self.config
+        return bool(c.service_url and c.namespace and c.server)
+
+    def bind(self, security: RequestStateSecurity) -> None:
+        self._security = security
+
+    def sync_once(self, client: SyncEpochServiceClient) -> None:
+        """One look at the ring: switch to a new revision, then say so."""
+        assert self.config.namespace and self.config.server
+        ring = client.send(api.request_state_ring(self.config.namespace, self.config.server))
+        if ring.revision != self.codec.revision:
+            keys = [base64.b64decode(k) for k in ring.keys]
+            self.codec.install(ring.revision, keys)
+            if self._security is not None:
+                self._security.ttl = ring.ttl_seconds
+            self.ttl = ring.ttl_seconds
+            log.info(
+                "request-state ring loaded",
+                extra={"revision": ring.revision, "phase": ring.phase, "keys": len(keys)},
+            )
+        self._loaded.set()
+        process = self._process
+        if process is not None and self.reported != ring.revision:
+            client.send(api.report_ring(str(process), ring.revision))
+            self.reported = ring.revision
+
+    def start(self, process: ProcessEpoch | None, registered: bool) -> None:
+        """Follow from now on; ``process`` reports only if the ledger issued it."""
+        if self._thread is not None or not self.enabled:
+            return
+        self._process = process if registered else None
+        if not registered:
+            log.error(
+                "this process has a fallback epoch: it loads the request-state ring but cannot "
+                "report what it holds, so a rotation of %s/%s waits for it until it restarts",
+                self.config.namespace,
+                self.config.server,
+            )
+        self._thread = threading.Thread(target=self._run, name="mcp-epoch-ring", daemon=True)
+        self._thread.start()
+
+    def wait_loaded(self, timeout: float) -> bool:
+        return self._loaded.wait(timeout)
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded.is_set()
+
+    def _run(self) -> None:
+        assert self.config.service_url
+        with SyncEpochServiceClient(self.config.service_url, self.config.credential) as client:
+            while not self._stop.is_set():
+                try:
+                    self.sync_once(client)
+                    self.last_error = None
+                except (EpochServiceError, EpochServiceUnavailable, ValueError) as exc:
+                    if self.last_error is None:
+                        log.error(
+                            "cannot follow the request-state ring (%s); keeping revision %d",
+                            exc,
+                            self.codec.revision,
+                        )
+                    self.last_error = str(exc)
+                # Loaded: the next look after ``refresh``; not yet: try again soon.
+                self._stop.wait(self.refresh if self._loaded.is_set() else 0.5)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._stop.clear()
+
+    def metrics(self) -> list[str]:
+        lines = [
+            "# HELP mcp_epoch_request_state_ring_revision The request-state ring revision "
+            "this process seals and opens with (0: none loaded).",
+            "# TYPE mcp_epoch_request_state_ring_revision gauge",
+            f"mcp_epoch_request_state_ring_revision {self.codec.revision}",
+            "# HELP mcp_epoch_request_state_rejected_total requestState tokens refused by "
+            "the ring, by reason.",
+            "# TYPE mcp_epoch_request_state_rejected_total counter",
+        ]
+        for reason in sorted({"unknown_key", "malformed", "seal", *self.codec.rejected}):
+            count = self.codec.rejected.get(reason, 0)
+            lines.append(f'mcp_epoch_request_state_rejected_total{{reason="{reason}"}} {count}')
+        return lines
+
+
+_FOLLOWER: RingFollower | None = None
+_SECURITY: RequestStateSecurity | None = None
+_GUARD = threading.Lock()
+
+
+def follower() -> RingFollower | None:
+    """This process's ring follower, if :func:`request_state_security` made one."""
+    return _FOLLOWER
+
+
+def _refresh_from_env(env: Mapping[str, str]) -> float:
+    raw = (env.get(ENV_RING_REFRESH) or "").strip()
+    if not raw:
+        return DEFAULT_REFRESH_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_RING_REFRESH}={raw!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise ValueError(f"{ENV_RING_REFRESH}={raw!r} must be between 0 and 3600 seconds")
+    return value
+
+
+def request_state_security(env: Mapping[str, str] | None = None) -> RequestStateSecurity:
+    """``MCPServer(name, request_state_security=mcp_epoch.request_state_security())``.
+
+    The SDK policy whose keys are this server's ring in the epoch service, shared by every
+    replica and rotated by the operator. :func:`~mcp_epoch.epoch_safe_app` loads the ring
+    before the server reports ready. One per process: later calls return the same policy.
+    Without an epoch service in the environment it is the SDK's ephemeral policy (one process,
+    one key), and says so."""
+    global _FOLLOWER, _SECURITY
+    from mcp.server.request_state import RequestStateSecurity
+
+    with _GUARD:
+        if _SECURITY is not None:
+            return _SECURITY
+        e = os.environ if env is None else env
+        config = ReplicaConfig.from_env(e)
+        ring = RingFollower(config, RingCodec(), _refresh_from_env(e))
+        if not ring.enabled:
+            log.warning(
+                "no epoch service in the environment: requestState is sealed under a key of "
+                "this process only; a retry that reaches another replica is refused"
+            )
+            _SECURITY = RequestStateSecurity.ephemeral()
+            return _SECURITY
+        security = RequestStateSecurity(codec=ring.codec, ttl=SDK_DEFAULT_TTL)
+        ring.bind(security)
+        _FOLLOWER, _SECURITY = ring, security
+        return security
+
+
+__all__ = ["RingCodec", "RingFollower", "follower", "request_state_security"]

@@ -1,0 +1,142 @@
+"""When to rotate an McpServer's request-state key ring, and how its rotation shows, as plain
+functions. The epoch service holds the ring and refuses any step a live pod has not caught up
+with (``epochsvc.service.keyring``); the operator only decides when to begin, keeps asking
+the service to step on while a rotation is under way, and tells people what it waits for.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_epoch.api import RingStatus
+from mcp_epoch.contract import ROTATE_ANNOTATION
+from mcp_epoch_operator.status import condition
+
+CONDITION = "RequestStateRing"
+#: While a rotation is under way the server is looked at again this often: pods report the
+#: revision they hold to the epoch service, which the operator does not watch.
+POLL_SECONDS = 1.0
+#: A step that waits for the same pods this long is reported as stalled.
+STALL_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """A rotation to begin, and why (the on-demand value, if that is the reason)."""
+
+    why: str
+    request: str | None
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _seconds(iso: str | None) -> float | None:
+    if not iso:
+        return None
+    try:
+        return dt.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def due(mcps: dict[str, Any], ring: RingStatus, now: float) -> Begin | None:
+    """A rotation to begin now, if the ring is steady and one is asked for or scheduled."""
+    if ring.revision is None or ring.phase != "steady":
+        return None
+    meta = mcps.get("metadata") or {}
+    state = (mcps.get("status") or {}).get("requestState") or {}
+    asked = (meta.get("annotations") or {}).get(ROTATE_ANNOTATION)
+    if asked and asked != state.get("rotationRequest"):
+        return Begin(f"asked for ({ROTATE_ANNOTATION}={asked})", asked)
+    interval = int(
+        ((mcps.get("spec") or {}).get("requestState") or {}).get("rotationIntervalSeconds") or 0
+    )
+    if interval <= 0:
+        return None
+    last = _seconds(state.get("lastRotationStartedAt")) or _seconds(meta.get("creationTimestamp"))
+    if last is None or now - last >= interval:
+        return Begin(f"scheduled every {interval}s", None)
+    return None
+
+
+def rotating(ring: RingStatus | None) -> bool:
+    return ring is not None and ring.revision is not None and ring.phase != "steady"
+
+
+def build_request_state(
+    previous: dict[str, Any], ring: RingStatus, begun: Begin | None, now: float
+) -> dict[str, Any]:
+    """``status.requestState``: the rotation's progress, never a key."""
+    pods = len(ring.holders)
+    out: dict[str, Any] = {
+        "revision": ring.revision,
+        "phase": ring.phase,
+        "pods": pods,
+        "podsAtRevision": pods - len(ring.behind),
+        "behind": ring.behind[:20],
+    }
+    for key in ("lastRotationStartedAt", "rotationRequest"):
+        if previous.get(key):
+            out[key] = previous[key]
+    if begun is not None:
+        out["lastRotationStartedAt"] = _iso(now)
+        if begun.request is not None:
+            out["rotationRequest"] = begun.request
+    if ring.waiting:
+        out["waiting"] = ring.waiting
+    for key, ts in (("rotationStartedAt", ring.started_at), ("dropDue", ring.drop_due)):
+        if ts is not None:
+            out[key] = _iso(ts)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def stalled(ring: RingStatus, now: float) -> bool:
+    """Pods behind the current step for longer than :data:`STALL_SECONDS`."""
+    return bool(ring.behind) and rotating(ring) and now - (ring.updated_at or now) > STALL_SECONDS
+
+
+def ring_condition(
+    previous: list[dict[str, Any]],
+    ring: RingStatus,
+    now: float,
+    generation: int | None,
+    now_iso: str,
+) -> dict[str, Any]:
+    if stalled(ring, now):
+        names = ", ".join(ring.behind[:5])
+        return condition(
+            previous,
+            CONDITION,
+            False,
+            "RotationStalled",
+            f"the rotation waits at revision {ring.revision} ({ring.phase}) for pods that do "
+            f"not hold it: {names}. No key they may use is removed; a pod that never reports "
+            "(an old library, a fallback epoch) catches up when it restarts",
+            generation,
+            now_iso,
+        )
+    if rotating(ring):
+        return condition(
+            previous,
+            CONDITION,
+            True,
+            "Rotating",
+            f"rotating: revision {ring.revision} ({ring.phase}); {ring.waiting or 'stepping on'}",
+            generation,
+            now_iso,
+        )
+    return condition(
+        previous,
+        CONDITION,
+        True,
+        "Steady",
+        f"every replica seals and opens with ring revision {ring.revision}",
+        generation,
+        now_iso,
+    )

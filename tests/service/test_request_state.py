@@ -1,0 +1,117 @@
+"""Request-state key rings through the real service process, on SQLite and on PostgreSQL:
+made on first load, served to replicas and never to the operator, rotated only as fast as
+every live pod reports, and the old key dropped only one TTL after they all sealed anew."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import pytest
+
+from mcp_epoch import api
+from mcp_epoch.api_client import EpochServiceError
+from tests.conftest import ServiceFactory
+from tests.support.epochsvc_proc import EpochServiceProcess
+
+NS, SERVER = "default", "echo"
+TTL = 0.5
+
+
+@pytest.fixture
+def svc(service_factory: ServiceFactory, database_url: str) -> EpochServiceProcess:
+    return service_factory(database_url, EPOCHSVC_REQUEST_STATE_TTL_SECONDS=str(TTL))
+
+
+def start_pod(svc: EpochServiceProcess, uid: str) -> str:
+    """A live pod with one process; its process epoch."""
+    epoch = svc.live(NS, SERVER, uid)
+    return svc.send(api.register_incarnation(epoch)).process_epoch
+
+
+def load(svc: EpochServiceProcess) -> api.RequestStateRing:
+    return svc.api(svc.replica_token).send(api.request_state_ring(NS, SERVER))
+
+
+def test_the_ring_is_made_once_and_only_the_servers_pods_get_its_keys(
+    svc: EpochServiceProcess,
+) -> None:
+    first = load(svc)
+    assert (first.revision, first.phase, first.ttl_seconds) == (1, "steady", TTL)
+    assert len(first.keys) == 1 and len(base64.b64decode(first.keys[0])) == 32
+    assert load(svc).keys == first.keys  # the same ring, not a new one per load
+    assert first.keys[0] not in repr(first)
+    # The operator drives rotations without ever reading a key.
+    with pytest.raises(EpochServiceError) as refused:
+        svc.send(api.request_state_ring(NS, SERVER))
+    assert refused.value.status == 403
+    status = svc.send(api.ring_status(NS, SERVER))
+    assert first.keys[0] not in status.model_dump_json()
+    # A replica cannot read the status or rotate.
+    with pytest.raises(EpochServiceError) as forbidden:
+        svc.api(svc.replica_token).send(api.rotate_ring(NS, SERVER))
+    assert forbidden.value.status == 403
+
+
+def test_a_rotation_advances_only_as_every_pod_reports_and_keeps_the_old_key_a_ttl(
+    svc: EpochServiceProcess,
+) -> None:
+    p0, p1 = start_pod(svc, "uid-0"), start_pod(svc, "uid-1")
+    replica = svc.api(svc.replica_token)
+    old = load(svc).keys[0]
+    for process in (p0, p1):
+        replica.send(api.report_ring(process, 1))
+
+    rotating = svc.send(api.rotate_ring(NS, SERVER))
+    assert (rotating.phase, rotating.revision) == ("adding", 2)
+    with pytest.raises(EpochServiceError) as again:
+        svc.send(api.rotate_ring(NS, SERVER))
+    assert again.value.status == 409 and again.value.code == "rotation-in-progress"
+    adding = load(svc)
+    assert adding.keys[0] == old and len(adding.keys) == 2
+    new = adding.keys[1]
+
+    # One pod behind: no step, and the status says which.
+    replica.send(api.report_ring(p0, 2))
+    held = svc.send(api.advance_ring(NS, SERVER))
+    assert not held.advanced and held.phase == "adding" and held.behind == ["pod-uid-1"]
+    assert held.waiting and "1 of 2 pods" in held.waiting
+
+    replica.send(api.report_ring(p1, 2))
+    switched = svc.send(api.advance_ring(NS, SERVER))
+    assert switched.advanced and (switched.phase, switched.revision) == ("switching", 3)
+    assert load(svc).keys == [new, old]  # the new key seals, the old one still opens
+
+    for process in (p0, p1):
+        replica.send(api.report_ring(process, 3))
+    observed = svc.send(api.advance_ring(NS, SERVER))
+    assert observed.switched_at is not None and observed.drop_due == observed.switched_at + TTL
+    # Until one TTL has passed since every pod sealed with the new key, the old key stays.
+    while True:
+        step = svc.send(api.advance_ring(NS, SERVER))
+        if step.phase == "steady":
+            break
+        assert load(svc).keys == [new, old]
+        assert time.time() < observed.drop_due + 10, step
+    assert time.time() >= observed.drop_due
+    assert (step.revision, load(svc).keys) == (4, [new])
+
+
+def test_reports_are_checked_against_the_process_and_the_ring(svc: EpochServiceProcess) -> None:
+    process = start_pod(svc, "uid-0")
+    replica = svc.api(svc.replica_token)
+    load(svc)
+    for call, status, code in (
+        (api.report_ring(process, 2), 409, "unknown-ring-revision"),
+        (api.report_ring(process.rsplit(".", 1)[0], 1), 422, "malformed-epoch"),
+    ):
+        with pytest.raises(EpochServiceError) as refused:
+            replica.send(call)
+        assert (refused.value.status, refused.value.code) == (status, code)
+    svc.send(api.register_incarnation(process.rsplit(".", 1)[0]))  # a restart
+    with pytest.raises(EpochServiceError) as stale:
+        replica.send(api.report_ring(process, 1))
+    assert stale.value.code == "stale-incarnation"
+    # A process that restarted and has not reported yet counts as behind.
+    svc.send(api.rotate_ring(NS, SERVER))
+    assert svc.send(api.advance_ring(NS, SERVER)).behind == ["pod-uid-0"]
