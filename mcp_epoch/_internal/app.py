@@ -33,6 +33,7 @@ from mcp_epoch._internal.guard import (
 from mcp_epoch._internal.health import Health
 from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.keyring import follower
+from mcp_epoch._internal.listen import end_listens_on_drain
 from mcp_epoch._internal.liveview import LiveEpochView
 from mcp_epoch._internal.process import ProcessStart, start_process_epoch
 from mcp_epoch._internal.store import NOT_STARTED, EpochEventStore
@@ -81,6 +82,7 @@ class EpochSafeApp:
         )
         inner: ASGIApp = server.streamable_http_app(event_store=self.store, **http_app_options)
         self._guard = ResumptionGuard(inner, self.store, inflight=self.inflight)
+        self._end_listens = end_listens_on_drain(server, self._guard.is_draining)
         self._first_sync_timeout = first_sync_timeout
         self.process_start: ProcessStart | None = None
         self.last_drain: DrainResult | None = None
@@ -141,6 +143,8 @@ class EpochSafeApp:
         """
         limit = self.config.drain_seconds if deadline is None else deadline
         self._guard.draining = True
+        if self._end_listens is not None:
+            self._end_listens()
         began = time.monotonic()
         waiting, relays = len(self.inflight), self.inflight.relays
         log.info(

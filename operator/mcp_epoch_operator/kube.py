@@ -242,6 +242,21 @@ class KubeClient:
             )
         )
 
+    async def annotate_deployment(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> None:
+        """Merge ``annotations`` into a Deployment's (not one the operator owns: a merge patch
+        of those keys only, never an apply)."""
+        await self._call(
+            lambda: self.apps.patch_namespaced_deployment(
+                name,
+                namespace,
+                {"metadata": {"annotations": annotations}},
+                _content_type=MERGE,
+                _preload_content=False,
+            )
+        )
+
     async def patch_configmap(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         await self._call(
             lambda: self.core.patch_namespaced_config_map(

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mcp_epoch import api, api_client
+from mcp_epoch.api import RingStatus
 from mcp_epoch.api_client import EpochServiceError, EpochServiceUnavailable
 from mcp_epoch.contract import ACTIVE_STATES
 from mcp_epoch_operator import lifecycle, resync, rotation, status
@@ -126,6 +128,9 @@ async def sync_server(rt: Runtime, key: Key, reapply: bool) -> None:
                 ", ".join(plan.pending_without_pod),
             )
     if mcps is None:
+        plain = await rt.kube.get_deployment(ns, name) if pods else None
+        if plain is not None:
+            await sync_plain_ring(rt, key, plain)
         if ledger is not None and not pods and not any(e["state"] in ACTIVE_STATES for e in ledger):
             # Nothing left to watch for: forget the server until it shows up again.
             rt.forget(key)
@@ -156,17 +161,18 @@ async def apply_owned(rt: Runtime, key: Key, mcps: dict[str, Any]) -> str | None
     return None
 
 
-async def sync_ring(
-    rt: Runtime, key: Key, mcps: dict[str, Any], new_status: dict[str, Any]
-) -> None:
-    """The request-state key ring: begin a rotation when one is due, ask the service to step a
-    rotation under way on (it refuses while a live pod lags), show the progress in
-    ``new_status``, and look again soon while rotating."""
+async def step_ring(
+    rt: Runtime, key: Key, begin: Callable[[RingStatus, float], rotation.Begin | None]
+) -> tuple[RingStatus, rotation.Begin | None, float] | None:
+    """The request-state key ring: begin a rotation when ``begin`` says one is due, or ask the
+    service to step the rotation under way on (it refuses while a live pod lags); look again
+    soon while rotating. None when the ring cannot be read."""
     ns, name = key
+    begun = None
     try:
         ring = await rt.svc_call(api.ring_status(ns, name), PROBE_POLICY)
         now = time.time()
-        begun = rotation.due(mcps, ring, now)
+        begun = begin(ring, now)
         if begun is not None:
             ring = await rt.svc_call(api.rotate_ring(ns, name))
             rt.events.post(
@@ -190,23 +196,48 @@ async def sync_ring(
                 )
     except (EpochServiceUnavailable, EpochServiceError) as exc:
         log.info("request-state ring of %s/%s not readable: %s", ns, name, exc)
-        old = (mcps.get("status") or {}).get("requestState")
-        if old:
-            new_status["requestState"] = old
-        return
-    if ring.revision is None:
-        return  # no pod has loaded a ring yet: nothing to show or rotate
-    previous = (mcps.get("status") or {}).get("requestState") or {}
-    new_status["requestState"] = rotation.build_request_state(previous, ring, begun, now)
-    conditions = (mcps.get("status") or {}).get("conditions") or []
-    generation = mcps["metadata"].get("generation")
-    cond = rotation.ring_condition(conditions, ring, now, generation, status.now_iso())
-    if cond["reason"] == "RotationStalled" and not any(
-        c.get("type") == rotation.CONDITION and c.get("reason") == "RotationStalled"
-        for c in conditions
-    ):
-        rt.events.post(key, "Warning", "RequestStateRotationStalled", cond["message"])
-        log.warning("%s/%s: %s", ns, name, cond["message"])
-    new_status["conditions"] = [*new_status["conditions"], cond]
+        return None
+    if rotation.stalled(ring, now) and rt.stalls.get(key) != ring.revision:
+        rt.stalls[key] = ring.revision  # loud once per stalled step
+        message = rotation.stall_message(ring)
+        rt.events.post(key, "Warning", "RequestStateRotationStalled", message)
+        log.warning("%s/%s: %s", ns, name, message)
     if rotation.rotating(ring) or begun is not None:
         rt.mark_later(key, rotation.POLL_SECONDS)
+    return ring, begun, now
+
+
+async def sync_ring(
+    rt: Runtime, key: Key, mcps: dict[str, Any], new_status: dict[str, Any]
+) -> None:
+    """An McpServer's ring, shown in ``status.requestState`` and a condition."""
+    old = (mcps.get("status") or {}).get("requestState") or {}
+    stepped = await step_ring(rt, key, lambda ring, now: rotation.due(mcps, ring, now))
+    if stepped is None:
+        if old:
+            new_status["requestState"] = old  # unknown now: keep the last picture
+        return
+    ring, begun, now = stepped
+    if ring.revision is None:
+        return  # no pod has loaded a ring yet: nothing to show
+    new_status["requestState"] = rotation.build_request_state(old, ring, begun, now)
+    previous = (mcps.get("status") or {}).get("conditions") or []
+    generation = mcps["metadata"].get("generation")
+    cond = rotation.ring_condition(previous, ring, now, generation, status.now_iso())
+    new_status["conditions"] = [*new_status["conditions"], cond]
+
+
+async def sync_plain_ring(rt: Runtime, key: Key, deployment: dict[str, Any]) -> None:
+    """A labelled Deployment's ring: rotated on demand by its annotation, the value acted on
+    recorded in another annotation (a Deployment has no status of ours)."""
+    ns, name = key
+    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
+    stepped = await step_ring(rt, key, lambda ring, _: rotation.asked(annotations, ring))
+    if stepped is None or stepped[1] is None:
+        return
+    try:
+        await rt.kube.annotate_deployment(
+            ns, name, {rotation.HANDLED_ANNOTATION: stepped[1].request}
+        )
+    except KubeError as exc:
+        log.warning("%s/%s: could not record the rotation request: %s", ns, name, exc)

@@ -15,6 +15,8 @@ from mcp_epoch.contract import ROTATE_ANNOTATION
 from mcp_epoch_operator.status import condition
 
 CONDITION = "RequestStateRing"
+#: On a plain labelled Deployment: the value of ROTATE_ANNOTATION last acted on.
+HANDLED_ANNOTATION = f"{ROTATE_ANNOTATION}-handled"
 #: While a rotation is under way the server is looked at again this often: pods report the
 #: revision they hold to the epoch service, which the operator does not watch.
 POLL_SECONDS = 1.0
@@ -43,6 +45,16 @@ def _seconds(iso: str | None) -> float | None:
         return dt.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
     except ValueError:
         return None
+
+
+def asked(annotations: dict[str, Any], ring: RingStatus) -> Begin | None:
+    """A plain Deployment's on-demand rotation: its annotation has a value not yet acted on."""
+    if ring.revision is None or ring.phase != "steady":
+        return None
+    value = annotations.get(ROTATE_ANNOTATION)
+    if value and value != annotations.get(HANDLED_ANNOTATION):
+        return Begin(f"asked for ({ROTATE_ANNOTATION}={value})", str(value))
+    return None
 
 
 def due(mcps: dict[str, Any], ring: RingStatus, now: float) -> Begin | None:
@@ -101,6 +113,14 @@ def stalled(ring: RingStatus, now: float) -> bool:
     return bool(ring.behind) and rotating(ring) and now - (ring.updated_at or now) > STALL_SECONDS
 
 
+def stall_message(ring: RingStatus) -> str:
+    return (
+        f"the rotation waits at revision {ring.revision} ({ring.phase}) for pods that do not "
+        f"hold it: {', '.join(ring.behind[:5])}. No key they may use is removed; a pod that "
+        "never reports (an old library, a fallback epoch) catches up when it restarts"
+    )
+
+
 def ring_condition(
     previous: list[dict[str, Any]],
     ring: RingStatus,
@@ -109,17 +129,8 @@ def ring_condition(
     now_iso: str,
 ) -> dict[str, Any]:
     if stalled(ring, now):
-        names = ", ".join(ring.behind[:5])
         return condition(
-            previous,
-            CONDITION,
-            False,
-            "RotationStalled",
-            f"the rotation waits at revision {ring.revision} ({ring.phase}) for pods that do "
-            f"not hold it: {names}. No key they may use is removed; a pod that never reports "
-            "(an old library, a fallback epoch) catches up when it restarts",
-            generation,
-            now_iso,
+            previous, CONDITION, False, "RotationStalled", stall_message(ring), generation, now_iso
         )
     if rotating(ring):
         return condition(

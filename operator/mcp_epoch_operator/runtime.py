@@ -59,6 +59,7 @@ class Runtime:
         self.applied: dict[Key, tuple[str, int]] = {}  # McpServer (uid, generation) applied
         self.wake = asyncio.Event()
         self.recorded: set[Key] = set()  # keys known to be in the servers ConfigMap
+        self.stalls: dict[Key, int | None] = {}  # ring revision whose stall was announced
         self.metrics = OperatorMetrics()
         self.metrics.follow_retries(lambda: self.svc.retries)
 

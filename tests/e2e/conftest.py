@@ -29,14 +29,18 @@ from tests.support.epochsvc_proc import EpochServiceProcess
 
 FIGURES = pytest.StashKey[list[tuple[str, str]]]()
 DEMO_NAMESPACE = "e2e-rolling-deploy"
+RING_TTL_SECONDS = 3.0
 
 
 @pytest.fixture(scope="package")
 def e2e_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EpochServiceProcess]:
     """The epoch service (SQLite) the operator issues epochs from and the replicas register
-    their incarnations with."""
+    their incarnations with. Its request-state TTL is short, so that a full key rotation (it
+    keeps the old key one TTL) fits a test."""
     work = tmp_path_factory.mktemp("e2e-epochsvc")
-    with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as service:
+    ledger = f"sqlite:///{work}/ledger.db"
+    ttl = {"EPOCHSVC_REQUEST_STATE_TTL_SECONDS": str(RING_TTL_SECONDS)}
+    with EpochServiceProcess(ledger, work / "epochsvc.log", **ttl) as service:
         yield service
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,8 @@ def mcpserver_manifest(
     token_secret: str,
     buffer_events: int,
     min_ready_seconds: int = 2,
+    replica_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``McpServer`` of one fleet: the demo replica as the container command, the pod
     name as the replica's name (``$(MCP_POD_NAME)``, expanded as a kubelet would), serving on
@@ -78,9 +80,11 @@ def mcpserver_manifest(
                 "$(MCP_POD_IP)",
                 "--port",
                 str(PORT),
+                *replica_args,
             ],
             "env": [
-                {"name": "MCP_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+                {"name": "MCP_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                *({"name": k, "value": v} for k, v in (env or {}).items()),
             ],
             "drain": {"seconds": 10, "preStopSeconds": 1, "minReadySeconds": min_ready_seconds},
             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
@@ -125,8 +129,12 @@ class KubernetesFleet(FleetDriver):
         min_ready: int = 2,
         settle_timeout: float = 90.0,
         log: Log = lambda _line: None,
+        replica_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.kind = kind
+        self.replica_args = tuple(replica_args)  # more flags of the demo replica
+        self.env = dict(env or {})  # more environment of its container
         self.min_ready = min_ready
         self.listener = listener
         self.access = access
@@ -177,6 +185,8 @@ class KubernetesFleet(FleetDriver):
                     self.token_secret,
                     self.buffer_events,
                     self.min_ready,
+                    self.replica_args,
+                    self.env,
                 ),
             ],
         }

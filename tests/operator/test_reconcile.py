@@ -65,6 +65,12 @@ class FakeKube:
     async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.configmaps.get((namespace, name))
 
+    async def annotate_deployment(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> None:
+        meta = self.deployments[(namespace, name)]["metadata"]
+        meta.setdefault("annotations", {}).update(annotations)
+
     async def patch_configmap(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         cm = self.configmaps.get((namespace, name))
         if cm is None:
@@ -434,3 +440,30 @@ def test_a_pod_that_never_catches_up_stalls_the_rotation_loudly_and_keeps_the_ke
     assert ledger.ring.phase is keyring.Phase.ADDING and len(ledger.ring.keys) == 2
     stalls = [r for t, r, _ in kube.events if r == "RequestStateRotationStalled"]
     assert stalls == ["RequestStateRotationStalled"]  # once, not once per pass
+
+
+def test_a_plain_deployment_is_rotated_by_its_annotation_once_per_value(world: Any) -> None:
+    rt, kube, ledger = world
+    ledger.ring = keyring.Ring(NS, "plain", 1, keyring.Phase.STEADY, (b"k" * 32,), 0.0, 0.0)
+    ledger.holding = {"plain-0": 1}
+    kube.pods.append(pod("plain-0", "plain", ledger.add("plain", 1, "live", "uid-plain-0")))
+    kube.deployments[(NS, "plain")] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "plain", "namespace": NS, "annotations": {}},
+    }
+    annotations = kube.deployments[(NS, "plain")]["metadata"]["annotations"]
+
+    async def scenario() -> None:
+        await reconcile.sync_server(rt, (NS, "plain"), reapply=False)
+        assert ("rotate", "plain") not in ledger.calls
+        annotations[ROTATE_ANNOTATION] = "now"
+        for _ in range(3):  # the value is recorded as handled: one rotation, not three
+            await reconcile.sync_server(rt, (NS, "plain"), reapply=False)
+        await settle(rt)
+
+    run(scenario())
+    assert ledger.calls.count(("rotate", "plain")) == 1
+    assert annotations[f"{ROTATE_ANNOTATION}-handled"] == "now"
+    assert ledger.ring is not None and ledger.ring.phase is keyring.Phase.ADDING
+    assert any(reason == "RequestStateRotationStarted" for _, reason, _ in kube.events)

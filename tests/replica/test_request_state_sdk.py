@@ -12,53 +12,25 @@ to the other replica than the one that sealed its ``requestState``.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import mcp.types as types
 import pytest
-from mcp import Client
 
 from epochsvc.demo.fleet import NAMESPACE, SERVER, LocalProcessFleet
-from epochsvc.demo.proxy import Backend, Balancer
+from epochsvc.demo.proxy import Balancer
 from epochsvc.demo.service import EpochService
 from mcp_epoch import api
 from mcp_epoch.contract import ENV_RING_REFRESH
+from tests.support.mrtr import Rounds, call_approve
 
 pytestmark = pytest.mark.anyio
 #: Short, so that a full rotation (it waits one TTL before dropping the old key) fits a test.
 TTL = 2.0
-
-
-@dataclass
-class Rounds:
-    """Where each round of each call went, from the balancer: (replica, a retry?)."""
-
-    seen: list[tuple[str, bool]] = field(default_factory=list)
-
-    def record(self, backend: Backend, body: bytes) -> None:
-        if b'"tools/call"' in body:
-            self.seen.append((backend.name, b'"requestState"' in body))
-
-    def crossings(self) -> tuple[int, int]:
-        """(retries, retries that reached another replica than the round before them)."""
-        retries = crossed = 0
-        for (before, _), (now, retry) in zip(self.seen, self.seen[1:], strict=False):
-            if retry:
-                retries += 1
-                crossed += before != now
-        return retries, crossed
-
-
-@dataclass
-class Outcome:
-    calls: int = 0
-    failures: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -105,29 +77,6 @@ async def ephemeral(tmp_path: Path) -> AsyncIterator[Scene]:
         yield scene
 
 
-async def answer(_context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-    return types.ElicitResult(action="accept", content={"token": params.message})
-
-
-async def call_approve(scene: Scene, until: asyncio.Event | None = None, count: int = 0) -> Outcome:
-    """Sequential calls (so the balancer's alternation sends every retry elsewhere), ``count``
-    of them or until ``until`` is set."""
-    outcome = Outcome()
-    async with Client(scene.balancer.url, mode="2026-07-28", elicitation_callback=answer) as c:
-        while (until is not None and not until.is_set()) or outcome.calls < count:
-            subject = f"s{outcome.calls}"
-            outcome.calls += 1
-            try:
-                result = await c.call_tool("approve", {"subject": subject})
-            except Exception as exc:  # the retry refused: what the control must show
-                outcome.failures.append(f"{subject}: {exc!r}")
-                continue
-            text = result.content[0].text if result.content else ""  # type: ignore[union-attr]
-            if result.is_error or json.loads(text).get("subject") != subject:
-                outcome.failures.append(f"{subject}: {text}")
-    return outcome
-
-
 def ops(scene: Scene) -> Any:
     return scene.service.client()
 
@@ -135,7 +84,7 @@ def ops(scene: Scene) -> Any:
 async def test_a_retry_on_another_replica_is_accepted_with_the_servers_ring(
     ring: Scene,
 ) -> None:
-    outcome = await call_approve(ring, count=20)
+    outcome = await call_approve(ring.balancer.url, count=20)
     retries, crossed = ring.rounds.crossings()
     assert outcome.failures == [] and outcome.calls == 20
     assert retries == 20 and crossed == 20, ring.rounds.seen
@@ -144,7 +93,7 @@ async def test_a_retry_on_another_replica_is_accepted_with_the_servers_ring(
 async def test_the_control_with_the_sdks_ephemeral_keys_refuses_every_such_retry(
     ephemeral: Scene,
 ) -> None:
-    outcome = await call_approve(ephemeral, count=10)
+    outcome = await call_approve(ephemeral.balancer.url, count=10)
     retries, crossed = ephemeral.rounds.crossings()
     assert crossed == retries == 10
     assert len(outcome.failures) == 10, outcome.failures
@@ -161,9 +110,9 @@ async def test_retries_survive_a_rolling_deploy(ring: Scene) -> None:
             done.set()
 
     deploying = asyncio.create_task(deploy())
-    outcome = await call_approve(ring, until=done)
+    outcome = await call_approve(ring.balancer.url, until=done)
     await deploying
-    after = await call_approve(ring, count=5)
+    after = await call_approve(ring.balancer.url, count=5)
     assert outcome.failures == [] and after.failures == []
     assert outcome.calls >= 5, "the deploy outran the traffic"
     assert {name for name, _ in ring.rounds.seen} >= {"epoch-r1", "epoch-r3", "epoch-r4"}
@@ -185,7 +134,7 @@ async def test_retries_survive_a_key_rotation_started_mid_traffic(ring: Scene) -
                     steps.append(status)
         rotated.set()
 
-    traffic = asyncio.create_task(call_approve(ring, until=rotated))
+    traffic = asyncio.create_task(call_approve(ring.balancer.url, until=rotated))
     started = time.monotonic()
     await asyncio.wait_for(rotate(), 60)
     outcome = await traffic

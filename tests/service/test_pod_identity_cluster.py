@@ -229,6 +229,40 @@ def test_a_pod_reads_only_its_own_servers_epochs(scene: Scene) -> None:
         assert stray.status_code == 403 and stray.json()["code"] == "not-bound"
 
 
+def test_a_pod_loads_only_its_own_servers_request_state_keys(scene: Scene) -> None:
+    a1, b1 = scene.pods["a1"], scene.pods["b1"]
+    ring = f"/v1/servers/{a1.namespace}/s1/request-state/ring"
+    with scene.svc.client(a1.token) as c:
+        mine = c.get(ring)
+        assert mine.status_code == 200, mine.text
+        keys = mine.json()["keys"]
+        for path in (
+            f"/v1/servers/{a1.namespace}/s2/request-state/ring",
+            f"/v1/servers/{b1.namespace}/s1/request-state/ring",  # the same name elsewhere
+        ):
+            denied = c.get(path)
+            assert denied.status_code == 403, (path, denied.text)
+            assert "keys" not in denied.json()
+        process = register(scene, "a1", "a1").json()["process_epoch"]
+        held = c.put(f"/v1/epochs/{process}/request-state", json={"revision": 1})
+        assert held.status_code == 200, held.text
+        other = register(scene, "b1", "b1").json()["process_epoch"]
+        forged = c.put(f"/v1/epochs/{other}/request-state", json={"revision": 1})
+        assert forged.status_code == 403 and forged.json()["code"] == "not-your-epoch"
+    with scene.svc.client(b1.token) as c:
+        theirs = c.get(f"/v1/servers/{b1.namespace}/s1/request-state/ring").json()["keys"]
+    assert theirs != keys  # one ring per server, not per name
+    # The operator steers rotations and sees who holds what, never a key.
+    with scene.svc.client(scene.operator) as op:
+        assert op.get(ring).status_code == 403
+        status = op.get(f"/v1/servers/{a1.namespace}/s1/request-state")
+        assert status.status_code == 200 and keys[0] not in status.text
+        assert {"pod": "a1", "revision": 1} in status.json()["holders"]
+    for token in scene.others.values():
+        with scene.svc.client(token) as c:
+            assert c.get(ring).status_code == 403
+
+
 def test_the_operators_account_works_and_nothing_else_does(scene: Scene) -> None:
     body = {"namespace": scene.pods["a1"].namespace, "server": "s1", "request_uid": "r-new"}
     with scene.svc.client(scene.operator) as op:
