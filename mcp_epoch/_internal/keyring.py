@@ -56,6 +56,9 @@ class RingCodec:
         self._held: _Held | None = None
         self.rejected: Counter[str] = Counter()
         self._lock = threading.Lock()
+        # Held while sealing and while switching revisions: once install() returns, no seal
+        # under the previous revision is still under way, so the report that follows is true.
+        self._sealing = threading.Lock()
 
     @property
     def revision(self) -> int:
@@ -66,13 +69,16 @@ class RingCodec:
     def install(self, revision: int, keys: list[bytes]) -> None:
         from mcp.server.request_state import AESGCMRequestStateCodec
 
-        self._held = _Held(revision, AESGCMRequestStateCodec(keys))
+        codec = AESGCMRequestStateCodec(keys)
+        with self._sealing:
+            self._held = _Held(revision, codec)
 
     def seal(self, payload: bytes) -> str:
-        held = self._held
-        if held is None:  # the SDK answers a sanitized internal error: nothing sealed
-            raise RuntimeError("no request-state ring loaded yet")
-        return held.codec.seal(payload)  # type: ignore[attr-defined, no-any-return]
+        with self._sealing:
+            held = self._held
+            if held is None:  # the SDK answers a sanitized internal error: nothing sealed
+                raise RuntimeError("no request-state ring loaded yet")
+            return held.codec.seal(payload)  # type: ignore[attr-defined, no-any-return]
 
     def unseal(self, token: str) -> bytes:
         from mcp.server.request_state import InvalidRequestState
