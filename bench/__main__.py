@@ -1,6 +1,7 @@
 """`python -m bench [NAME] [options]`: one benchmark by name, or all of them.
 
-Names: service, replica, forward, longpoll, guard, propagation, webhook.
+Names: service, replica, forward, longpoll, guard, propagation, webhook. Options go to each
+benchmark; ``--quick`` (which every one takes) runs them small, for a quick look.
 """
 
 from __future__ import annotations

@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench forward")
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--events", type=int, default=20000)
+    ap.add_argument("--quick", action="store_true", help="300 requests, 3,000 events")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.requests, args.events = 300, 3000
     work = Path(tempfile.mkdtemp(prefix="bench-forward-"))
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
         a, b = _launch(svc, "a"), _launch(svc, "b")

@@ -101,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="1 s per measurement, 2 rounds")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.seconds, args.rounds = 1.0, 2
     work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
     rounds: dict[str, list[tuple[Load, Load]]] = {store: [] for store in STORES}
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:

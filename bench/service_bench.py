@@ -83,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench service")
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
     parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--quick", action="store_true", help="0.5 s per measurement")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds = 0.5
     header = (
         f"{'backend':<9} {'op':<8} {'c':>3} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'healthz/op':>9} {'errors':>6}"
