@@ -28,12 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 from mcp_epoch_operator.metrics import WEBHOOK_BUCKETS
 
 from bench.stats import pct
 from mcp_epoch.contract import SERVER_LABEL
 from tests.cluster.harness import Cluster
+from tests.cluster.kube import ApiException, Kube
 from tests.operator.support import OperatorProcess, install_crd, make_namespace, operator_running
 from tests.support.epochsvc_proc import EpochServiceProcess
 
@@ -56,17 +56,17 @@ def burst(
     cluster: Cluster, ns: str, prefix: str, n: int, concurrency: int, labels: dict[str, str]
 ) -> list[float]:
     """Create ``n`` pods, ``concurrency`` at a time; each create's latency in seconds."""
-    path = f"/api/v1/namespaces/{ns}/pods"
 
-    def create(i: int, http: httpx.Client) -> float:
+    def create(i: int, api: Kube) -> float:
+        body = _pod(f"{prefix}-{i}", labels)
         t0 = time.perf_counter()
-        r = http.post(path, json=_pod(f"{prefix}-{i}", labels))
-        took = time.perf_counter() - t0
-        if r.status_code != 201:
-            raise RuntimeError(f"pod create answered {r.status_code}: {r.text[:300]}")
-        return took
+        try:
+            api.json(api.core.create_namespaced_pod, ns, body)
+        except ApiException as exc:
+            raise RuntimeError(f"pod create answered {exc.status}: {exc.body!s:.300}") from None
+        return time.perf_counter() - t0
 
-    clients = [cluster.httpx_client(timeout=30) for _ in range(concurrency)]
+    clients = [cluster.api() for _ in range(concurrency)]
     try:
         with ThreadPoolExecutor(concurrency) as pool:
             futures = [pool.submit(create, i, clients[i % concurrency]) for i in range(n)]
