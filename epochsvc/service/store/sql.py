@@ -24,8 +24,6 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 
-from epochsvc.service import keyring
-from epochsvc.service.keyring import Holder, Ring, Step
 from epochsvc.service.lifecycle import (
     TOMBSTONES,
     Action,
@@ -56,6 +54,7 @@ from epochsvc.service.store.filelock import FileLock
 from epochsvc.service.store.follower import Follower, notify_followers, notify_reload
 from epochsvc.service.store.groupcommit import GroupCommitter, NoChange
 from epochsvc.service.store.mirror import LedgerMirror
+from epochsvc.service.store.ring_operations import RingOperations
 from epochsvc.service.store.schema import LEDGER_ROW, epochs_table, ledger_table
 from mcp_epoch.contract import FALLBACK_INCARNATION_MIN
 
@@ -65,7 +64,7 @@ T = TypeVar("T")
 _PG_INIT_LOCK = 0x6D6370  # advisory lock key: serialises schema set-up across processes
 
 
-class SqlEpochStore(EpochStore):
+class SqlEpochStore(RingOperations, EpochStore):
     """The ledger on one SQL database, with every epoch also in memory.
 
     Reads are answered from the in-memory copy whenever it is known to be whole. SQLite:
@@ -401,69 +400,6 @@ class SqlEpochStore(EpochStore):
 
     async def ping(self) -> None:
         await self._read_db(lambda conn: conn.execute(sa.select(ledger_table.c.revision)))
-
-    # --- request-state key rings ----------------------------------------------------------
-
-    def _locked_ring(self, conn: Connection, namespace: str, server: str, ttl: float) -> Ring:
-        """The ring, for this write to change; made if it does not exist yet. Under the writer
-        lock: two service processes on one PostgreSQL never make or step one ring twice."""
-        queries.lock_writers(conn)
-        ring = rings.read(conn, namespace, server)
-        if ring is None:
-            ring = keyring.new_ring(namespace, server, ttl, time.time())
-            rings.insert(conn, ring)
-        return ring
-
-    async def ring(self, namespace: str, server: str, ttl: float) -> Ring:
-        found = await self._read_db(lambda conn: rings.read(conn, namespace, server))
-        if found is not None:
-            return found
-        return await self._write(lambda conn: self._locked_ring(conn, namespace, server, ttl))
-
-    async def ring_status(self, namespace: str, server: str) -> tuple[Ring | None, list[Holder]]:
-        def read(conn: Connection) -> tuple[Ring | None, list[Holder]]:
-            return rings.read(conn, namespace, server), rings.holders(conn, namespace, server)
-
-        return await self._read_db(read)
-
-    async def report_ring(self, generation: int, incarnation: int, revision: int) -> Ring:
-        def op(conn: Connection) -> Ring:
-            current = queries.fetch(conn, generation, self.ledger8)
-            if current.incarnation != incarnation:
-                raise LifecycleError(
-                    "stale-incarnation",
-                    f"process {current.epoch}.{incarnation} is not the newest process of its "
-                    "pod; only the newest reports what it holds",
-                )
-            ring = rings.read(conn, current.namespace, current.server)
-            if ring is None or revision > ring.revision or revision < 1:
-                raise LifecycleError(
-                    "unknown-ring-revision",
-                    f"{current.namespace}/{current.server} has no ring revision {revision}",
-                )
-            rings.report(conn, generation, incarnation, revision, time.time())
-            return ring
-
-        return await self._write(op)
-
-    async def rotate_ring(self, namespace: str, server: str, ttl: float) -> Ring:
-        def op(conn: Connection) -> Ring:
-            ring = self._locked_ring(conn, namespace, server, ttl)
-            rotating = keyring.start_rotation(ring, time.time())
-            rings.update(conn, rotating)
-            return rotating
-
-        return await self._write(op)
-
-    async def advance_ring(self, namespace: str, server: str, ttl: float) -> Step:
-        def op(conn: Connection) -> Step:
-            ring = self._locked_ring(conn, namespace, server, ttl)
-            step = keyring.advance(ring, rings.holders(conn, namespace, server), time.time())
-            if step.ring != ring:
-                rings.update(conn, step.ring)
-            return step
-
-        return await self._write(op)
 
 
 async def open_store(url: str) -> SqlEpochStore:

@@ -132,3 +132,45 @@ async def _has(store: SqlEpochStore, generation: int) -> bool:
     """In the in-memory copy (``list_server`` answers from it while it is whole)."""
     listing = await store.list_server("ns", "echo")
     return any(e.generation == generation for e in listing.epochs)
+
+
+async def test_a_ring_is_made_once_and_reports_count_only_for_the_newest_process(
+    store: SqlEpochStore,
+) -> None:
+    first, again = await asyncio.gather(
+        store.ring("ns", "echo", 60.0), store.ring("ns", "echo", 60.0)
+    )
+    assert first == again and first.revision == 1 and len(first.keys[0]) == 32
+    rec, _ = await store.issue("ns", "echo", "r")
+    await store.transition(rec.generation, Action.BIND, pod_name="p", pod_uid="u")
+    inc = await store.register_incarnation(rec.generation, pod_uid="u", owner_only=True)
+    assert inc.incarnation is not None
+    _, holders = await store.ring_status("ns", "echo")
+    assert [(h.pod, h.revision) for h in holders] == [("p", None)]
+    await store.report_ring(rec.generation, inc.incarnation, 1)
+    assert [h.revision for h in (await store.ring_status("ns", "echo"))[1]] == [1]
+    await store.register_incarnation(rec.generation, pod_uid="u", owner_only=True)  # a restart
+    assert [h.revision for h in (await store.ring_status("ns", "echo"))[1]] == [None]
+
+
+async def test_postgres_two_processes_stepping_one_ring_step_it_once(postgres: object) -> None:
+    url = postgres.new_database()  # type: ignore[attr-defined]
+    here, there = await open_store(url), await open_store(url)
+    try:
+        made = await asyncio.gather(here.ring("ns", "echo", 0.0), there.ring("ns", "echo", 0.0))
+        assert made[0].keys == made[1].keys  # one ring, although both made it at once
+        await here.rotate_ring("ns", "echo", 0.0)
+        # No live pod, TTL 0: every step may go. Three pairs of concurrent calls take exactly
+        # the three steps (switch, observe, drop), one at a time, whoever asks.
+        steps = []
+        for _ in range(3):
+            steps += await asyncio.gather(
+                here.advance_ring("ns", "echo", 0.0), there.advance_ring("ns", "echo", 0.0)
+            )
+        assert sum(s.advanced for s in steps) == 3, steps
+        assert max(s.ring.revision for s in steps) == 4
+        ring, _ = await here.ring_status("ns", "echo")
+        assert ring is not None and ring.phase.value == "steady" and len(ring.keys) == 1
+    finally:
+        await here.close()
+        await there.close()

@@ -1,0 +1,92 @@
+"""The SQL store's request-state ring operations (``keyring.py`` decides, ``rings.py`` holds
+the statements): each a read, or one write under the ledger's writer lock.
+
+A mixin of :class:`~epochsvc.service.store.sql.SqlEpochStore`, which provides the two ways in:
+``_read_db`` (a read on the reader pool) and ``_write`` (the group committer's transaction).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from sqlalchemy import Connection
+
+from epochsvc.service import keyring
+from epochsvc.service.keyring import Holder, Ring, Step
+from epochsvc.service.lifecycle import LifecycleError
+from epochsvc.service.store import queries, rings
+
+T = TypeVar("T")
+
+
+class RingOperations:
+    ledger8: str
+
+    if TYPE_CHECKING:  # provided by SqlEpochStore
+
+        async def _read_db(self, fn: Callable[[Connection], T]) -> T: ...
+
+        async def _write(self, op: Callable[[Connection], T]) -> T: ...
+
+    def _locked_ring(self, conn: Connection, namespace: str, server: str, ttl: float) -> Ring:
+        """The ring, for this write to change; made if it does not exist yet. Under the writer
+        lock: two service processes on one PostgreSQL never make or step one ring twice."""
+        queries.lock_writers(conn)
+        ring = rings.read(conn, namespace, server)
+        if ring is None:
+            ring = keyring.new_ring(namespace, server, ttl, time.time())
+            rings.insert(conn, ring)
+        return ring
+
+    async def ring(self, namespace: str, server: str, ttl: float) -> Ring:
+        found = await self._read_db(lambda conn: rings.read(conn, namespace, server))
+        if found is not None:
+            return found
+        return await self._write(lambda conn: self._locked_ring(conn, namespace, server, ttl))
+
+    async def ring_status(self, namespace: str, server: str) -> tuple[Ring | None, list[Holder]]:
+        def read(conn: Connection) -> tuple[Ring | None, list[Holder]]:
+            return rings.read(conn, namespace, server), rings.holders(conn, namespace, server)
+
+        return await self._read_db(read)
+
+    async def report_ring(self, generation: int, incarnation: int, revision: int) -> Ring:
+        def op(conn: Connection) -> Ring:
+            current = queries.fetch(conn, generation, self.ledger8)
+            if current.incarnation != incarnation:
+                raise LifecycleError(
+                    "stale-incarnation",
+                    f"process {current.epoch}.{incarnation} is not the newest process of its "
+                    "pod; only the newest reports what it holds",
+                )
+            ring = rings.read(conn, current.namespace, current.server)
+            if ring is None or revision > ring.revision or revision < 1:
+                raise LifecycleError(
+                    "unknown-ring-revision",
+                    f"{current.namespace}/{current.server} has no ring revision {revision}",
+                )
+            rings.report(conn, generation, incarnation, revision, time.time())
+            return ring
+
+        return await self._write(op)
+
+    async def rotate_ring(self, namespace: str, server: str, ttl: float) -> Ring:
+        def op(conn: Connection) -> Ring:
+            ring = self._locked_ring(conn, namespace, server, ttl)
+            rotating = keyring.start_rotation(ring, time.time())
+            rings.update(conn, rotating)
+            return rotating
+
+        return await self._write(op)
+
+    async def advance_ring(self, namespace: str, server: str, ttl: float) -> Step:
+        def op(conn: Connection) -> Step:
+            ring = self._locked_ring(conn, namespace, server, ttl)
+            step = keyring.advance(ring, rings.holders(conn, namespace, server), time.time())
+            if step.ring != ring:
+                rings.update(conn, step.ring)
+            return step
+
+        return await self._write(op)
