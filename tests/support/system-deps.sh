@@ -2,13 +2,15 @@
 # System packages the test suite needs beyond Python, installed with apt when missing (needs
 # root or sudo): PostgreSQL's server (the storage tests run a real one on loopback) and
 # iproute2 (the end-to-end test makes the pod address range local with `ip route`, and the
-# image tests give containers network namespaces); debootstrap (`make image` makes its cached
-# Debian root filesystems with it).
+# image tests give containers network namespaces); iptables (the image tests' stand-in for
+# kube-proxy writes its Service rules with iptables-restore in the node's namespace);
+# debootstrap (`make image` makes its cached Debian root filesystems with it).
 set -euo pipefail
 have_pg() { command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }
 missing=()
 have_pg || missing+=(postgresql)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v iptables-restore >/dev/null 2>&1 || [ -x /usr/sbin/iptables-restore ] || missing+=(iptables)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing ${missing[*]} (needed by the test suite)..." >&2
