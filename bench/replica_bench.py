@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mcp.server.streamable_http import EventMessage, EventStore
-from mcp_types import JSONRPCMessage, JSONRPCNotification
+from mcp_types import JSONRPCMessage, JSONRPCNotification, JSONRPCResponse
 
 from mcp_epoch._internal.sessions import SessionTag, current_session
 from mcp_epoch._internal.store import EpochEventStore
@@ -94,6 +94,9 @@ MESSAGE = JSONRPCNotification(
 )
 
 
+FINAL = JSONRPCResponse(jsonrpc="2.0", id=5, result={})
+
+
 async def throughput(kind: str, n: int) -> float:
     store = make(kind)
     current_session.set(SessionTag("bench"))
@@ -109,7 +112,9 @@ async def replay_latency(kind: str, missed: int, repeats: int) -> float:
     # Room for the cursor's own event plus everything missed after it.
     store = make(kind, CAPACITY + 1)
     current_session.set(SessionTag("bench"))
-    ids = [await store.store_event("5", MESSAGE) for _ in range(CAPACITY + 1)]
+    ids = [await store.store_event("5", MESSAGE) for _ in range(CAPACITY)]
+    # The request's final response ends its stream: a resumed stream is served until then.
+    ids.append(await store.store_event("5", FINAL))
     cursor = ids[-missed - 1]
     sent = 0
 
