@@ -128,6 +128,7 @@ class EpochServiceClient:
         timeout: float | httpx.Timeout = 3.0,
         verify: Any = True,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_idle_connections: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.policy = policy
@@ -137,6 +138,11 @@ class EpochServiceClient:
             **_client_options(base_url, token, user_agent, timeout),
             verify=verify,
             transport=transport,
+            limits=(
+                httpx.Limits()  # httpx's defaults
+                if max_idle_connections is None
+                else httpx.Limits(max_keepalive_connections=max_idle_connections)
+            ),
         )
 
     async def aclose(self) -> None:
