@@ -50,6 +50,6 @@ def connect(
         verify=verify,
         # Few idle connections: httpcore scans every pooled connection on each request, and
         # in a burst of admissions that scan ran on the operator's one event loop (bench
-        # webhook: the added p99 of a 200-pod burst fell from ~1.1 s to 0.5–0.8 s, 8 kept alive).
+        # webhook: the added p99 of a 200-pod burst fell from ~1.1 s to 0.5-0.8 s, 8 kept alive).
         max_idle_connections=8,
     )
