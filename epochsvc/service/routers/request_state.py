@@ -47,24 +47,37 @@ def status_of(
     ttl: float,
     step: keyring.Step | None = None,
 ) -> RingStatus:
-    """A ring's rotation without its keys."""
-    late = list(step.behind if step else (keyring.behind(ring, holders) if ring else ()))
-    waiting = step.waiting if step else None
-    if ring is not None and step is None and ring.phase is not Phase.STEADY:
-        waiting = keyring.advance(ring, holders, time.time()).waiting
+    """A ring's rotation without its keys. Without ``step`` (no step was asked for), what the
+    next step would wait for now."""
+    shown = [RingHolder(pod=h.pod, revision=h.revision) for h in holders]
+    if ring is None:  # no pod has loaded it yet
+        return RingStatus(
+            namespace=namespace,
+            server=server,
+            revision=None,
+            phase=Phase.STEADY.value,
+            ttl_seconds=ttl,
+            started_at=None,
+            switched_at=None,
+            drop_due=None,
+            holders=shown,
+            behind=[],
+            waiting=None,
+        )
+    outlook = step or keyring.advance(ring, holders, time.time())
     return RingStatus(
         namespace=namespace,
         server=server,
-        revision=ring.revision if ring else None,
-        phase=(ring.phase if ring else Phase.STEADY).value,
-        ttl_seconds=ring.ttl if ring else ttl,
-        updated_at=ring.updated_at if ring else None,
-        started_at=ring.started_at if ring else None,
-        switched_at=ring.switched_at if ring else None,
-        drop_due=keyring.drop_due(ring) if ring else None,
-        holders=[RingHolder(pod=h.pod, revision=h.revision) for h in holders],
-        behind=late,
-        waiting=waiting,
+        revision=ring.revision,
+        phase=ring.phase.value,
+        ttl_seconds=ring.ttl,
+        updated_at=ring.updated_at,
+        started_at=ring.started_at,
+        switched_at=ring.switched_at,
+        drop_due=keyring.drop_due(ring),
+        holders=shown,
+        behind=list(step.behind if step else keyring.behind(ring, holders)),
+        waiting=outlook.waiting,
         advanced=bool(step and step.advanced),
     )
 
@@ -123,10 +136,9 @@ async def rotate_ring(
     """Begin a rotation: a fresh key joins the ring (409 while a rotation is under way)."""
     ttl = settings.request_state_ttl_seconds
     try:
-        await store.rotate_ring(namespace, server, ttl)
+        ring, holders = await store.rotate_ring(namespace, server, ttl)
     except RotationInProgress as exc:
         raise ApiError(409, "rotation-in-progress", str(exc)) from None
-    ring, holders = await store.ring_status(namespace, server)
     return status_of(namespace, server, ring, holders, ttl)
 
 
@@ -137,6 +149,5 @@ async def advance_ring(
     """At most one step of the rotation under way: taken only once every live pod holds the
     current revision (and, to drop the old key, one TTL after they all sealed with the new)."""
     ttl = settings.request_state_ttl_seconds
-    step = await store.advance_ring(namespace, server, ttl)
-    _ring, holders = await store.ring_status(namespace, server)
+    step, holders = await store.advance_ring(namespace, server, ttl)
     return status_of(namespace, server, step.ring, holders, ttl, step)

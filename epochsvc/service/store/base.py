@@ -151,12 +151,18 @@ class EpochStore(abc.ABC):
         """The pod epoch's process ``incarnation`` holds ring ``revision`` now."""
 
     @abc.abstractmethod
-    async def rotate_ring(self, namespace: str, server: str, ttl: float) -> Ring:
-        """Begin a rotation (RotationInProgress while one is under way)."""
+    async def rotate_ring(
+        self, namespace: str, server: str, ttl: float
+    ) -> tuple[Ring, list[Holder]]:
+        """Begin a rotation (RotationInProgress while one is under way); the ring after it and
+        every live pod, read in the same transaction."""
 
     @abc.abstractmethod
-    async def advance_ring(self, namespace: str, server: str, ttl: float) -> Step:
-        """At most one step of a rotation under way, if every live pod has caught up."""
+    async def advance_ring(
+        self, namespace: str, server: str, ttl: float
+    ) -> tuple[Step, list[Holder]]:
+        """At most one step of a rotation under way, if every live pod has caught up; with the
+        live pods it was decided on."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -72,21 +72,26 @@ class RingOperations:
 
         return await self._write(op)
 
-    async def rotate_ring(self, namespace: str, server: str, ttl: float) -> Ring:
-        def op(conn: Connection) -> Ring:
+    async def rotate_ring(
+        self, namespace: str, server: str, ttl: float
+    ) -> tuple[Ring, list[Holder]]:
+        def op(conn: Connection) -> tuple[Ring, list[Holder]]:
             ring = self._locked_ring(conn, namespace, server, ttl)
             rotating = keyring.start_rotation(ring, time.time())
             rings.update(conn, rotating)
-            return rotating
+            return rotating, rings.holders(conn, namespace, server)
 
         return await self._write(op)
 
-    async def advance_ring(self, namespace: str, server: str, ttl: float) -> Step:
-        def op(conn: Connection) -> Step:
+    async def advance_ring(
+        self, namespace: str, server: str, ttl: float
+    ) -> tuple[Step, list[Holder]]:
+        def op(conn: Connection) -> tuple[Step, list[Holder]]:
             ring = self._locked_ring(conn, namespace, server, ttl)
-            step = keyring.advance(ring, rings.holders(conn, namespace, server), time.time())
+            holders = rings.holders(conn, namespace, server)
+            step = keyring.advance(ring, holders, time.time())
             if step.ring != ring:
                 rings.update(conn, step.ring)
-            return step
+            return step, holders
 
         return await self._write(op)

@@ -164,9 +164,10 @@ async def test_postgres_two_processes_stepping_one_ring_step_it_once(postgres: o
         # the three steps (switch, observe, drop), one at a time, whoever asks.
         steps = []
         for _ in range(3):
-            steps += await asyncio.gather(
+            pair = await asyncio.gather(
                 here.advance_ring("ns", "echo", 0.0), there.advance_ring("ns", "echo", 0.0)
             )
+            steps += [step for step, _holders in pair]
         assert sum(s.advanced for s in steps) == 3, steps
         assert max(s.ring.revision for s in steps) == 4
         ring, _ = await here.ring_status("ns", "echo")
