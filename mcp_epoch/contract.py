@@ -134,6 +134,7 @@ MAX_OPERATOR_BUFFER_EVENTS: Final = 1_000_000
 #: Graceful drain: a draining process finishes its calls within this many seconds; the pod's
 #: preStop hook waits first, so the endpoints are updated before SIGTERM arrives.
 DEFAULT_DRAIN_SECONDS: Final = 25
+DEFAULT_RING_REFRESH_SECONDS: Final = 5.0
 DEFAULT_PRESTOP_SECONDS: Final = 3
 DEFAULT_MIN_READY_SECONDS: Final = 3
 #: The longest long poll the service holds open (a replica never asks for more).

@@ -11,12 +11,14 @@ from mcp_epoch._internal.buffer import check_capacity
 from mcp_epoch.contract import (
     DEFAULT_BUFFER_EVENTS,
     DEFAULT_DRAIN_SECONDS,
+    DEFAULT_RING_REFRESH_SECONDS,
     ENV_BUFFER,
     ENV_DRAIN,
     ENV_EPOCH,
     ENV_NAMESPACE,
     ENV_POD_NAME,
     ENV_POD_UID,
+    ENV_RING_REFRESH,
     ENV_SERVER,
     ENV_SERVICE_TOKEN,
     ENV_SERVICE_TOKEN_FILE,
@@ -37,18 +39,27 @@ def capacity_from_env(env: Mapping[str, str] | None = None) -> int:
     return check_capacity(int(text))
 
 
-def drain_from_env(env: Mapping[str, str]) -> float:
-    """Read ``MCP_EPOCH_DRAIN_SECONDS`` (a bad value fails loudly, as for the buffer)."""
-    raw = _get(env, ENV_DRAIN)
+def seconds_from_env(
+    env: Mapping[str, str], key: str, default: float, *, zero: bool = True
+) -> float:
+    """Read a number of seconds up to an hour (``zero``: 0 is allowed); a bad value fails
+    loudly, as for the buffer."""
+    raw = _get(env, key)
     if raw is None:
-        return float(DEFAULT_DRAIN_SECONDS)
+        return float(default)
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{ENV_DRAIN}={raw!r} is not a number of seconds") from None
-    if not 0 <= value <= 3600:
-        raise ValueError(f"{ENV_DRAIN}={raw!r} is outside 0..3600 seconds")
+        raise ValueError(f"{key}={raw!r} is not a number of seconds") from None
+    if not (value >= 0 if zero else value > 0) or value > 3600:
+        interval = "0..3600" if zero else "(0, 3600]"
+        raise ValueError(f"{key}={raw!r} is outside {interval} seconds")
     return value
+
+
+def drain_from_env(env: Mapping[str, str]) -> float:
+    """Read ``MCP_EPOCH_DRAIN_SECONDS``."""
+    return seconds_from_env(env, ENV_DRAIN, DEFAULT_DRAIN_SECONDS)
 
 
 def _get(env: Mapping[str, str], key: str) -> str | None:
@@ -69,6 +80,8 @@ class ReplicaConfig:
     drain_seconds: float = float(DEFAULT_DRAIN_SECONDS)
     #: The pod's projected ServiceAccount token (wins over ``service_token``).
     service_token_file: str | None = None
+    #: How often the request-state ring is looked at (``MCP_EPOCH_RING_REFRESH_SECONDS``).
+    ring_refresh_seconds: float = DEFAULT_RING_REFRESH_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ReplicaConfig:
@@ -85,6 +98,9 @@ class ReplicaConfig:
             buffer_events=capacity_from_env(e),
             drain_seconds=drain_from_env(e),
             service_token_file=_get(e, ENV_SERVICE_TOKEN_FILE),
+            ring_refresh_seconds=seconds_from_env(
+                e, ENV_RING_REFRESH, DEFAULT_RING_REFRESH_SECONDS, zero=False
+            ),
         )
 
     def credential(self) -> str | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -30,15 +29,13 @@ from mcp_epoch.api_client import (
     EpochServiceUnavailable,
     SyncEpochServiceClient,
 )
-from mcp_epoch.contract import ENV_RING_REFRESH, ProcessEpoch
+from mcp_epoch.contract import ProcessEpoch
 
 if TYPE_CHECKING:
     from mcp.server.request_state import RequestStateSecurity
 
 log = logging.getLogger("mcp_epoch.request_state")
 
-#: How often a replica asks whether its server's ring moved on.
-DEFAULT_REFRESH_SECONDS = 5.0
 #: The SDK's state TTL, until the ring says otherwise.
 SDK_DEFAULT_TTL = 600.0
 
@@ -97,11 +94,9 @@ class RingCodec:
 class RingFollower:
     """Loads this server's ring, follows it in a daemon thread, reports what it holds."""
 
-    def __init__(self, config: ReplicaConfig, codec: RingCodec, refresh: float) -> None:
+    def __init__(self, config: ReplicaConfig, codec: RingCodec) -> None:
         self.config = config
         self.codec = codec
-        self.refresh = refresh
-        self.ttl = SDK_DEFAULT_TTL
         self.reported = 0  # the revision the service last accepted from this process
         self.last_error: str | None = None
         self._process: ProcessEpoch | None = None
@@ -127,7 +122,6 @@ class RingFollower:
             self.codec.install(ring.revision, keys)
             if self._security is not None:
                 self._security.ttl = ring.ttl_seconds
-            self.ttl = ring.ttl_seconds
             log.info(
                 "request-state ring loaded",
                 extra={"revision": ring.revision, "phase": ring.phase, "keys": len(keys)},
@@ -176,7 +170,7 @@ class RingFollower:
                         )
                     self.last_error = str(exc)
                 # Loaded: the next look after ``refresh``; not yet: try again soon.
-                self._stop.wait(self.refresh if self._loaded.is_set() else 0.5)
+                self._stop.wait(self.config.ring_refresh_seconds if self._loaded.is_set() else 0.5)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -211,19 +205,6 @@ def follower() -> RingFollower | None:
     return _FOLLOWER
 
 
-def _refresh_from_env(env: Mapping[str, str]) -> float:
-    raw = (env.get(ENV_RING_REFRESH) or "").strip()
-    if not raw:
-        return DEFAULT_REFRESH_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_RING_REFRESH}={raw!r} is not a number of seconds") from None
-    if not 0 < value <= 3600:
-        raise ValueError(f"{ENV_RING_REFRESH}={raw!r} must be between 0 and 3600 seconds")
-    return value
-
-
 def request_state_security(env: Mapping[str, str] | None = None) -> RequestStateSecurity:
     """``MCPServer(name, request_state_security=mcp_epoch.request_state_security())``.
 
@@ -238,9 +219,8 @@ def request_state_security(env: Mapping[str, str] | None = None) -> RequestState
     with _GUARD:
         if _SECURITY is not None:
             return _SECURITY
-        e = os.environ if env is None else env
-        config = ReplicaConfig.from_env(e)
-        ring = RingFollower(config, RingCodec(), _refresh_from_env(e))
+        config = ReplicaConfig.from_env(env)
+        ring = RingFollower(config, RingCodec())
         if not ring.enabled:
             log.warning(
                 "no epoch service in the environment: requestState is sealed under a key of "

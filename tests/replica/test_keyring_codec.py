@@ -9,6 +9,7 @@ from mcp.server.request_state import InvalidRequestState
 
 from mcp_epoch._internal.config import ReplicaConfig
 from mcp_epoch._internal.keyring import RingCodec, RingFollower
+from mcp_epoch.contract import ENV_DRAIN, ENV_RING_REFRESH
 
 OLD, NEW = b"o" * 32, b"n" * 32
 
@@ -49,10 +50,21 @@ def test_nothing_is_sealed_before_a_ring_is_loaded() -> None:
 
 
 def test_metrics_name_every_reason_and_never_a_key() -> None:
-    follower = RingFollower(ReplicaConfig.from_env({}), codec(7, OLD), refresh=1.0)
+    follower = RingFollower(ReplicaConfig.from_env({}), codec(7, OLD))
     text = "\n".join(follower.metrics())
     assert "mcp_epoch_request_state_ring_revision 7" in text
     for reason in ("unknown_key", "malformed", "seal"):
         assert f'mcp_epoch_request_state_rejected_total{{reason="{reason}"}} 0' in text
     assert "ooo" not in text
     assert not follower.enabled  # no epoch service in this environment
+
+
+def test_the_refresh_interval_is_read_like_the_drain_and_a_bad_one_fails_loudly() -> None:
+    assert ReplicaConfig.from_env({}).ring_refresh_seconds == 5.0
+    assert ReplicaConfig.from_env({ENV_RING_REFRESH: " 0.2 "}).ring_refresh_seconds == 0.2
+    assert ReplicaConfig.from_env({ENV_DRAIN: "0"}).drain_seconds == 0.0  # no drain: allowed
+    for bad in ("0", "-1", "3601", "soon"):
+        with pytest.raises(ValueError, match=ENV_RING_REFRESH):
+            ReplicaConfig.from_env({ENV_RING_REFRESH: bad})
+    with pytest.raises(ValueError, match=r"outside 0\.\.3600"):
+        ReplicaConfig.from_env({ENV_DRAIN: "3601"})
