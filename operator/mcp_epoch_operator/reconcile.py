@@ -223,7 +223,7 @@ async def sync_ring(
     new_status["requestState"] = rotation.build_request_state(old, ring, begun, now)
     previous = (mcps.get("status") or {}).get("conditions") or []
     generation = mcps["metadata"].get("generation")
-    cond = rotation.ring_condition(previous, ring, now, generation, status.now_iso())
+    cond = rotation.ring_condition(previous, ring, now, generation)
     new_status["conditions"] = [*new_status["conditions"], cond]
 
 

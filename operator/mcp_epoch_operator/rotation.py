@@ -12,7 +12,7 @@ from typing import Any
 
 from mcp_epoch.api import RingStatus
 from mcp_epoch.contract import ROTATE_ANNOTATION
-from mcp_epoch_operator.status import condition
+from mcp_epoch_operator.status import ISO_FORMAT, condition, iso_of
 
 CONDITION = "RequestStateRing"
 #: On a plain labelled Deployment: the value of ROTATE_ANNOTATION last acted on.
@@ -32,40 +32,44 @@ class Begin:
     request: str | None
 
 
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _seconds(iso: str | None) -> float | None:
     if not iso:
         return None
     try:
-        return dt.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+        return dt.datetime.strptime(iso, ISO_FORMAT).replace(tzinfo=dt.UTC).timestamp()
     except ValueError:
         return None
 
 
-def asked(annotations: dict[str, Any], ring: RingStatus) -> Begin | None:
-    """A plain Deployment's on-demand rotation: its annotation has a value not yet acted on."""
-    if ring.revision is None or ring.phase != "steady":
-        return None
-    value = annotations.get(ROTATE_ANNOTATION)
-    if value and value != annotations.get(HANDLED_ANNOTATION):
+def _steady(ring: RingStatus) -> bool:
+    """A ring that exists and has no rotation under way: the only one a rotation may begin on."""
+    return ring.revision is not None and ring.phase == "steady"
+
+
+def _requested(value: Any, handled: Any) -> Begin | None:
+    """The on-demand annotation has a value not yet acted on."""
+    if value and value != handled:
         return Begin(f"asked for ({ROTATE_ANNOTATION}={value})", str(value))
     return None
 
 
+def asked(annotations: dict[str, Any], ring: RingStatus) -> Begin | None:
+    """A plain Deployment's on-demand rotation (the value acted on is in an annotation)."""
+    if not _steady(ring):
+        return None
+    return _requested(annotations.get(ROTATE_ANNOTATION), annotations.get(HANDLED_ANNOTATION))
+
+
 def due(mcps: dict[str, Any], ring: RingStatus, now: float) -> Begin | None:
     """A rotation to begin now, if the ring is steady and one is asked for or scheduled."""
-    if ring.revision is None or ring.phase != "steady":
+    if not _steady(ring):
         return None
     meta = mcps.get("metadata") or {}
     state = (mcps.get("status") or {}).get("requestState") or {}
-    asked = (meta.get("annotations") or {}).get(ROTATE_ANNOTATION)
-    if asked and asked != state.get("rotationRequest"):
-        return Begin(f"asked for ({ROTATE_ANNOTATION}={asked})", asked)
+    value = (meta.get("annotations") or {}).get(ROTATE_ANNOTATION)
+    requested = _requested(value, state.get("rotationRequest"))
+    if requested is not None:
+        return requested
     interval = int(
         ((mcps.get("spec") or {}).get("requestState") or {}).get("rotationIntervalSeconds") or 0
     )
@@ -77,8 +81,8 @@ def due(mcps: dict[str, Any], ring: RingStatus, now: float) -> Begin | None:
     return None
 
 
-def rotating(ring: RingStatus | None) -> bool:
-    return ring is not None and ring.revision is not None and ring.phase != "steady"
+def rotating(ring: RingStatus) -> bool:
+    return ring.revision is not None and ring.phase != "steady"
 
 
 def build_request_state(
@@ -97,14 +101,14 @@ def build_request_state(
         if previous.get(key):
             out[key] = previous[key]
     if begun is not None:
-        out["lastRotationStartedAt"] = _iso(now)
+        out["lastRotationStartedAt"] = iso_of(now)
         if begun.request is not None:
             out["rotationRequest"] = begun.request
     if ring.waiting:
         out["waiting"] = ring.waiting
     for key, ts in (("rotationStartedAt", ring.started_at), ("dropDue", ring.drop_due)):
         if ts is not None:
-            out[key] = _iso(ts)
+            out[key] = iso_of(ts)
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -126,11 +130,11 @@ def ring_condition(
     ring: RingStatus,
     now: float,
     generation: int | None,
-    now_iso: str,
 ) -> dict[str, Any]:
+    at = iso_of(now)
     if stalled(ring, now):
         return condition(
-            previous, CONDITION, False, "RotationStalled", stall_message(ring), generation, now_iso
+            previous, CONDITION, False, "RotationStalled", stall_message(ring), generation, at
         )
     if rotating(ring):
         return condition(
@@ -140,7 +144,7 @@ def ring_condition(
             "Rotating",
             f"rotating: revision {ring.revision} ({ring.phase}); {ring.waiting or 'stepping on'}",
             generation,
-            now_iso,
+            at,
         )
     return condition(
         previous,
@@ -149,5 +153,5 @@ def ring_condition(
         "Steady",
         f"every replica seals and opens with ring revision {ring.revision}",
         generation,
-        now_iso,
+        at,
     )

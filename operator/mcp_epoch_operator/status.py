@@ -22,8 +22,16 @@ class Reachability:
     message: str = ""
 
 
+#: The timestamps the operator writes (Kubernetes' RFC 3339, seconds, UTC).
+ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def iso_of(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime(ISO_FORMAT)
+
+
 def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime(ISO_FORMAT)
 
 
 def condition(
