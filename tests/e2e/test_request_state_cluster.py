@@ -71,6 +71,10 @@ class Run:
     def failures(self) -> list[str]:
         return self.during.failures + self.after.failures
 
+    def outcome(self) -> str:
+        retries, crossed = self.rounds.crossings()
+        return f"{len(self.failures)} failed; {crossed} of {retries} retries reached another pod"
+
 
 def _run(
     name: str,
@@ -146,8 +150,7 @@ def test_retries_cross_pods_through_a_rollout_and_a_ring_rotation_on_kubernetes(
     retries, crossed = run.rounds.crossings()
     print(
         f"mcp-epoch ring: {run.calls} calls through a rollout and a rotation "
-        f"(TTL {RING_TTL_SECONDS:g}s), {len(run.failures)} failed; "
-        f"{crossed} of {retries} retries reached another pod"
+        f"(TTL {RING_TTL_SECONDS:g}s), {run.outcome()}"
     )
     assert run.failures == []
     assert run.during.calls >= 10, "the rollout and the rotation outran the traffic"
@@ -174,10 +177,7 @@ def test_the_control_with_ephemeral_keys_fails_every_crossing_retry_on_kubernete
     run = _run(name, "ephemeral", kube_access, demo_namespace, tmp_path, e2e_service)
     retries, crossed = run.rounds.crossings()
     calls, failed = run.calls, len(run.failures)
-    print(
-        f"control (ephemeral keys): {calls} calls through a rollout, {failed} failed; "
-        f"{crossed} of {retries} retries reached another pod"
-    )
+    print(f"control (ephemeral keys): {calls} calls through a rollout, {run.outcome()}")
     # Exactly the retries that reached another pod fail: a key of one process opens nowhere
     # else. (The few that came back to their own pod succeed.)
     assert retries == calls and crossed > retries // 2
