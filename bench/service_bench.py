@@ -7,9 +7,12 @@ server's ``/healthz`` (the framework's ceiling), measured in one run.
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
 import uuid
 from pathlib import Path
+
+import httpx
 
 from bench.loadgen import Load, run
 from mcp_epoch import api
@@ -17,6 +20,8 @@ from tests.support.epochsvc_proc import EpochServiceProcess
 from tests.support.postgres import PostgresServer
 
 CLIENTS = (1, 8, 32)
+#: Durable issues a second at 8 clients.
+ISSUE_TARGETS = {"sqlite": 1000, "postgres": 3000}
 SEED_EPOCHS = 256
 
 
@@ -28,14 +33,43 @@ def _seed(svc: EpochServiceProcess) -> list[str]:
         ]
 
 
-def _measure(svc: EpochServiceProcess, seconds: float) -> dict[tuple[str, int], Load]:
+def _commit_totals(svc: EpochServiceProcess) -> dict[str, float]:
+    """The group committer's counters from the service's /metrics."""
+    text = httpx.get(f"{svc.url}/metrics").text
+    found = re.findall(r"^epochsvc_group_(\w+)_total ([0-9.e+]+)$", text, flags=re.M)
+    return {name: float(value) for name, value in found}
+
+
+def commit_breakdown(before: dict[str, float], after: dict[str, float], dialect: str) -> str:
+    """Where the time of one group commit went, between two readings."""
+    commits = after["commits"] - before["commits"]
+    if not commits:
+        return "no group commit in the run"
+    per = {k: (after[k] - before[k]) / commits for k in after if k != "commits"}
+    # Each statement is one round trip, and so is COMMIT. On PostgreSQL so are BEGIN and the
+    # pool's liveness ping at check-out, and the statements include the NOTIFY; on SQLite the
+    # BEGIN IMMEDIATE is one of the statements.
+    trips = per["commit_statements"] + (3 if dialect == "postgres" else 1)
+    return (
+        f"{commits:.0f} commits: {per['commit_writes']:.1f} writes, "
+        f"{per['commit_statements']:.1f} statements"
+        + (" (1 of them the NOTIFY)" if dialect == "postgres" else "")
+        + f", {trips:.1f} round trips, {per['commit_seconds'] * 1000:.2f} ms of the writer each"
+    )
+
+
+def _measure(
+    svc: EpochServiceProcess, seconds: float, backend: str
+) -> tuple[dict[tuple[str, int], Load], str]:
     lookups = [f"{svc.url}/v1/epochs/{e}" for e in _seed(svc)]
     results: dict[tuple[str, int], Load] = {}
+    breakdown = ""
     for clients in CLIENTS:
         results["healthz", clients] = run([f"{svc.url}/healthz"], clients=clients, seconds=seconds)
         results["lookup", clients] = run(
             lookups, clients=clients, seconds=seconds, token=svc.replica_token, status=200
         )
+        before = _commit_totals(svc)
         results["issue", clients] = run(
             [f"{svc.url}/v1/epochs"],
             clients=clients,
@@ -45,7 +79,9 @@ def _measure(svc: EpochServiceProcess, seconds: float) -> dict[tuple[str, int], 
             token=svc.operator_token,
             status=201,
         )
-    return results
+        if clients == 8:
+            breakdown = commit_breakdown(before, _commit_totals(svc), backend)
+    return results, breakdown
 
 
 def _report(backend: str, results: dict[tuple[str, int], Load]) -> list[str]:
@@ -70,11 +106,14 @@ def _targets(backend: str, results: dict[tuple[str, int], Load]) -> list[str]:
             f"(target <= 2x): {verdict}"
         )
     issue8 = results["issue", 8]
-    verdict = "met" if issue8.per_sec >= 1000 and issue8.p99_ms < 20 else "MISSED"
+    floor = ISSUE_TARGETS[backend]
+    verdict = "met" if issue8.per_sec >= floor and issue8.p99_ms < 20 else "MISSED"
+    ceiling = results["lookup", 8].per_sec
     out.append(
         f"{backend}: issuing at 8 clients {issue8.per_sec:.0f}/s, p99 {issue8.p99_ms:.1f} ms "
-        f"(target >= 1000/s, p99 < 20 ms on SQLite): "
-        f"{verdict if backend == 'sqlite' else 'informative only'}"
+        f"(target >= {floor}/s, p99 < 20 ms): {verdict}; that is "
+        f"{issue8.per_sec / max(ceiling, 1e-9):.2f}x the same server's in-memory lookups "
+        f"({ceiling:.0f}/s), the most a write could do through the same HTTP stack"
     )
     return out
 
@@ -106,13 +145,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"measuring {backend} ({len(CLIENTS) * 3} runs of {args.seconds:g}s)...",
                     flush=True,
                 )
-                results = _measure(svc, args.seconds)
+                results, breakdown = _measure(svc, args.seconds, backend)
             finally:
                 svc.stop()
                 if pg:
                     pg.stop()
             lines += _report(backend, results)
             verdicts += _targets(backend, results)
+            verdicts.append(f"{backend}: per group commit while issuing at 8 clients: {breakdown}")
     print("\n".join(lines))
     print()
     print("\n".join(verdicts))

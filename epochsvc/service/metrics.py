@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from epochsvc.service.store.base import EpochStore
+from epochsvc.service.store.base import CommitStats, EpochStore
 
 
 class Metrics:
@@ -41,13 +44,43 @@ class Metrics:
         self.waiters = Gauge(
             "epochsvc_longpoll_waiters", "Long polls currently held", registry=self.registry
         )
+        self.commits = _CommitCounters()
+        self.registry.register(self.commits)
 
     async def render(self, store: EpochStore, waiters: int) -> bytes:
         self.waiters.set(waiters)
+        self.commits.stats = store.commit_stats()
         self.epochs.clear()
         for namespace, server, state, count in await store.state_counts():
             self.epochs.labels(namespace, server, state).set(count)
         return generate_latest(self.registry)
+
+
+class _CommitCounters(Collector):
+    """The group committer's totals: divided by ``epochsvc_group_commits_total`` they say what
+    one commit carries and costs (writes, statements, seconds)."""
+
+    def __init__(self) -> None:
+        self.stats = CommitStats()  # the store's, handed over at each render
+
+    def collect(self) -> Iterable[Metric]:
+        for name, help_, value in (
+            ("commits", "Group commits (one durable commit each)", self.stats.commits),
+            ("commit_writes", "Writes carried by group commits", self.stats.writes),
+            (
+                "commit_statements",
+                "Statements sent by group commits (a round trip each; BEGIN/COMMIT not counted)",
+                self.stats.statements,
+            ),
+            (
+                "commit_seconds",
+                "Writer time in group commits, BEGIN to the end of COMMIT",
+                self.stats.seconds,
+            ),
+        ):
+            family = CounterMetricFamily(f"epochsvc_group_{name}", help_)
+            family.add_metric([], value)
+            yield family
 
 
 class ObserveLatency:

@@ -53,6 +53,18 @@ class ServerSnapshot:
     epochs: list[EpochRecord]
 
 
+@dataclass(slots=True)
+class CommitStats:
+    """Where a group commit's time goes, summed since start (``/metrics``, ``bench service``):
+    per commit, the writes it carried, the statements it sent (each one round trip; a commit
+    also costs its BEGIN and COMMIT), and the writer's time from BEGIN to the end of COMMIT."""
+
+    commits: int = 0
+    writes: int = 0
+    statements: int = 0
+    seconds: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class SweepResult:
     abandoned: int
@@ -127,6 +139,10 @@ class EpochStore(abc.ABC):
     async def sweep(
         self, now: float, pending_timeout: float, tombstone_ttl: float
     ) -> SweepResult: ...
+
+    @abc.abstractmethod
+    def commit_stats(self) -> CommitStats:
+        """The group committer's running totals (read without a lock: for metrics)."""
 
     @abc.abstractmethod
     async def state_counts(self) -> list[tuple[str, str, str, int]]:

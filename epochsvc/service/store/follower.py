@@ -1,11 +1,19 @@
 """PostgreSQL: several service processes share the ledger, so each follows the others' writes.
 
-Every commit sends a ``NOTIFY`` on :data:`CHANNEL` (:func:`notify_followers`, or
+Every commit sends a ``NOTIFY`` on :data:`CHANNEL` (:func:`change_notice`, or
 :func:`notify_reload` after deletions). :class:`Follower` runs in a thread of its own: it
 ``LISTEN``\\ s, reads what changed since the revision it last saw (also every
 :data:`CATCH_UP_SECONDS`, should a notification be lost), and hands each batch to
 ``deliver``; when the database is lost it calls ``lost`` and reconnects with backoff, so the
 store's readers fall back to the database until the copy is whole again.
+
+A change notification names the process that committed it and the revision it committed,
+and a follower reads nothing for its own process's commits: those are in its copy already
+(the group committer puts them there). It only moves its mark past them. That is sound
+because notifications arrive in commit order, which is revision order (the writer lock is
+held from the bump to the commit): every other process's commit below that revision was
+announced, and read, before it. Without this, every commit on a busy service cost one more
+read of the ledger on the follower's thread, competing with the writer for the interpreter.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from sqlalchemy import Connection, Engine
 from epochsvc.service.store import queries
 from epochsvc.service.store.base import EpochRecord
 from epochsvc.service.store.errors import store_error
+from epochsvc.service.store.schema import LEDGER_ROW, ledger_table
 
 log = logging.getLogger("epochsvc.store")
 
@@ -31,9 +40,20 @@ CATCH_UP_SECONDS = 1.0
 Deliver = Callable[[list[EpochRecord], int, bool], None]
 
 
-def notify_followers(conn: Connection) -> None:
-    """Delivered by PostgreSQL at commit, to every other service process's follower."""
-    conn.execute(sa.select(sa.func.pg_notify(CHANNEL, "change")))
+def change_notice(sender: str) -> sa.Select[tuple[object]]:
+    """The statement announcing a commit of ``sender``'s, delivered by PostgreSQL at commit
+    to every service process's follower: ``change <sender> <revision>``."""
+    payload = sa.literal(f"change {sender} ") + sa.cast(ledger_table.c.revision, sa.Text)
+    return sa.select(sa.func.pg_notify(CHANNEL, payload)).where(ledger_table.c.id == LEDGER_ROW)
+
+
+def own_revision(payload: str, sender: str) -> int | None:
+    """The revision of a change notification ``sender`` sent itself (None: another's)."""
+    kind, _, rest = payload.partition(" ")
+    who, _, revision = rest.partition(" ")
+    if kind != "change" or who != sender or not revision.isdigit():
+        return None
+    return int(revision)
 
 
 def notify_reload(conn: Connection) -> None:
@@ -43,8 +63,14 @@ def notify_reload(conn: Connection) -> None:
 
 class Follower:
     def __init__(
-        self, engine: Engine, ledger8: str, deliver: Deliver, lost: Callable[[], None]
+        self,
+        engine: Engine,
+        ledger8: str,
+        deliver: Deliver,
+        lost: Callable[[], None],
+        sender: str,
     ) -> None:
+        self._sender = sender
         self._engine = engine
         self._ledger8 = ledger8
         self._deliver = deliver
@@ -74,6 +100,10 @@ class Follower:
                     backoff = 0.5
                     while not self._stop.is_set():
                         notes = list(raw.notifies(timeout=CATCH_UP_SECONDS, stop_after=1))
+                        owns = [own_revision(n.payload, self._sender) for n in notes]
+                        if owns and None not in owns:  # only this process's commits
+                            since = max(since, *(r for r in owns if r is not None))
+                            continue
                         full = any(n.payload == "reload" for n in notes)
                         records, since = queries.changes(
                             conn, None if full else since, self._ledger8

@@ -8,6 +8,7 @@ several service processes sharing one PostgreSQL.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -32,11 +33,18 @@ _BUMP_GENERATION = (
     .values(revision=ledger_table.c.revision + 1, generation=ledger_table.c.generation + 1)
     .returning(ledger_table.c.revision, ledger_table.c.generation)
 )
+#: Issuing ``b_count`` epochs at once: one revision, ``b_count`` new generations.
+_BUMP_GENERATIONS = (
+    ledger_table.update()
+    .where(ledger_table.c.id == LEDGER_ROW)
+    .values(
+        revision=ledger_table.c.revision + 1,
+        generation=ledger_table.c.generation + sa.bindparam("b_count"),
+    )
+    .returning(ledger_table.c.revision, ledger_table.c.generation)
+)
 _BY_GENERATION = sa.select(epochs_table).where(
     epochs_table.c.generation == sa.bindparam("b_generation")
-)
-_BY_REQUEST = sa.select(epochs_table).where(
-    epochs_table.c.request_uid == sa.bindparam("b_request_uid")
 )
 INSERT = epochs_table.insert()
 _UPDATE = (
@@ -71,6 +79,13 @@ def bump(conn: Connection, *, generation: bool = False) -> tuple[int, int]:
     return int(row.revision), int(row.generation)
 
 
+def bump_generations(conn: Connection, count: int) -> tuple[int, int]:
+    """Spend one revision and ``count`` generations; returns (revision, first generation).
+    The caller holds the writer lock already (:func:`lock_writers`)."""
+    row = conn.execute(_BUMP_GENERATIONS, {"b_count": count}).one()
+    return int(row.revision), int(row.generation) - count + 1
+
+
 _LOCK = sa.select(ledger_table.c.id).where(ledger_table.c.id == LEDGER_ROW).with_for_update()
 
 
@@ -87,9 +102,32 @@ def fetch(conn: Connection, generation: int, ledger8: str) -> EpochRecord:
     return to_record(row, ledger8)
 
 
-def by_request(conn: Connection, request_uid: str, ledger8: str) -> EpochRecord | None:
-    row = conn.execute(_BY_REQUEST, {"b_request_uid": request_uid}).first()
-    return None if row is None else to_record(row, ledger8)
+#: Request UIDs looked up by one statement (SQLite allows 500 parts in a compound select).
+LOOKUP_CHUNK = 64
+
+
+@functools.cache
+def _by_requests(count: int) -> sa.CompoundSelect[Any]:
+    """One equality lookup per UID, joined by UNION ALL. Not ``IN (...)``: on a young table
+    (statistics from when it was empty) PostgreSQL plans ``IN`` as a sequential scan, 0.8 ms
+    for 8 UIDs over 2,400 rows where each equality on the unique index takes microseconds."""
+    return sa.union_all(
+        *(
+            sa.select(epochs_table).where(epochs_table.c.request_uid == sa.bindparam(f"b_uid{i}"))
+            for i in range(count)
+        )
+    )
+
+
+def by_requests(conn: Connection, request_uids: list[str], ledger8: str) -> dict[str, EpochRecord]:
+    """The epochs already issued for any of ``request_uids``, by request UID."""
+    found: dict[str, EpochRecord] = {}
+    for start in range(0, len(request_uids), LOOKUP_CHUNK):
+        chunk = request_uids[start : start + LOOKUP_CHUNK]
+        params = {f"b_uid{i}": uid for i, uid in enumerate(chunk)}
+        for row in conn.execute(_by_requests(len(chunk)), params):
+            found[row.request_uid] = to_record(row, ledger8)
+    return found
 
 
 def update(

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -35,6 +34,7 @@ from epochsvc.service.lifecycle import (
 )
 from epochsvc.service.store import migrate, queries, rings
 from epochsvc.service.store.base import (
+    CommitStats,
     EpochRecord,
     EpochStore,
     RequestConflict,
@@ -51,8 +51,9 @@ from epochsvc.service.store.engines import (
 )
 from epochsvc.service.store.errors import database_errors, store_error
 from epochsvc.service.store.filelock import FileLock
-from epochsvc.service.store.follower import Follower, notify_followers, notify_reload
+from epochsvc.service.store.follower import Follower, change_notice, notify_reload
 from epochsvc.service.store.groupcommit import GroupCommitter, NoChange
+from epochsvc.service.store.issuing import IssueRequest
 from epochsvc.service.store.mirror import LedgerMirror
 from epochsvc.service.store.ring_operations import RingOperations
 from epochsvc.service.store.schema import LEDGER_ROW, epochs_table, ledger_table
@@ -83,11 +84,14 @@ class SqlEpochStore(RingOperations, EpochStore):
         self._lock = file_lock
         self.dialect = dialect
         self.ledger_id = ""
+        #: Names this process's change notifications, which its own follower skips.
+        self._sender = uuid.uuid4().hex[:12]
+        self._change_notice = change_notice(self._sender)
         self._committer = GroupCommitter(
             writer,
             store_error,
             self._remember,
-            before_commit=notify_followers if dialect == "postgresql" else None,
+            before_commit=self._notify if dialect == "postgresql" else None,
         )
         self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="epochsvc-reader")
         self._mirror = LedgerMirror()
@@ -143,7 +147,9 @@ class SqlEpochStore(RingOperations, EpochStore):
             return
         self._loop = asyncio.get_running_loop()
         await self._reload_mirror()  # anything written since open()
-        self._follower = Follower(self._reader, self.ledger8, self._hand_over, self._lost)
+        self._follower = Follower(
+            self._reader, self.ledger8, self._hand_over, self._lost, self._sender
+        )
         self._follower.start()
 
     async def _reload_mirror(self) -> None:
@@ -153,6 +159,9 @@ class SqlEpochStore(RingOperations, EpochStore):
 
         records, revision = await self._call(read)
         self._mirror.replace(records, revision)
+
+    def _notify(self, conn: Connection) -> None:
+        conn.execute(self._change_notice)
 
     def _remember(self, values: list[Any]) -> None:
         """After each group commit: this process's own writes are in its copy at once."""
@@ -223,32 +232,8 @@ class SqlEpochStore(RingOperations, EpochStore):
     async def issue(
         self, namespace: str, server: str, request_uid: str
     ) -> tuple[EpochRecord, bool]:
-        def op(conn: Connection) -> tuple[EpochRecord, bool]:
-            # Bump first: it takes the writer lock, so the check below also sees a row that
-            # another service process committed a moment ago. A retry rolls the bump back.
-            revision, generation = queries.bump(conn, generation=True)
-            existing = queries.by_request(conn, request_uid, self.ledger8)
-            if existing is not None:  # a retry of an admission request: same epoch
-                raise NoChange((existing, False))
-            now = time.time()
-            row = {
-                "generation": generation,
-                "namespace": namespace,
-                "server": server,
-                "request_uid": request_uid,
-                "state": State.PENDING.value,
-                "pod_name": None,
-                "pod_uid": None,
-                "incarnation": None,
-                "address": None,
-                "revision": revision,
-                "created_at": now,
-                "updated_at": now,
-            }
-            conn.execute(queries.INSERT, row)
-            return queries.to_record(SimpleNamespace(**row), self.ledger8), True
-
-        record, created = await self._write(op)
+        request = IssueRequest(namespace, server, request_uid, self.ledger8)
+        record, created = await self._write(request)
         if (record.namespace, record.server) != (namespace, server):
             raise RequestConflict(
                 f"request UID {request_uid} already issued epoch {record.epoch} for "
@@ -394,6 +379,9 @@ class SqlEpochStore(RingOperations, EpochStore):
         if self._mirror.synced:
             return self._mirror.server_revision(namespace, server), self._mirror.revision
         return await self._read_db(lambda conn: queries.server_revision(conn, namespace, server))
+
+    def commit_stats(self) -> CommitStats:
+        return self._committer.stats
 
     async def state_counts(self) -> list[tuple[str, str, str, int]]:
         return await self._read_db(queries.state_counts)

@@ -10,6 +10,7 @@ import pytest
 
 from epochsvc.service.lifecycle import Action, LifecycleError, State
 from epochsvc.service.store import RequestConflict, SqlEpochStore, UnknownEpoch, open_store
+from epochsvc.service.store.follower import own_revision
 
 pytestmark = pytest.mark.anyio
 
@@ -35,6 +36,56 @@ async def test_issue_is_idempotent_per_request_and_never_reuses_a_generation(
     second, _ = await store.issue("ns", "echo", "req-2")
     assert second.generation == first.generation + 1
     assert second.revision > first.revision
+
+
+async def test_a_burst_of_issues_shares_one_commit_and_each_request_gets_one_epoch(
+    store: SqlEpochStore,
+) -> None:
+    before, _ = await store.issue("ns", "echo", "already")
+    stats = store.commit_stats()
+    commits, statements = stats.commits, stats.statements
+    uids = [f"burst-{i}" for i in range(16)]
+    # Every request of a burst queued before the writer runs: retries of one admission
+    # (twice in the burst, and one issued before) come back with the same epoch.
+    requests = [*uids, "burst-3", "burst-3", "already", "burst-15"]
+    answers = await asyncio.gather(*(store.issue("ns", "echo", uid) for uid in requests))
+    assert store.commit_stats().commits == commits + 1
+    # Lock, lookup, bump, insert (no savepoint: the batch is one unit), whatever the size.
+    assert store.commit_stats().statements - statements <= 5
+    made = {uid: rec for uid, (rec, created) in zip(requests, answers, strict=True) if created}
+    assert sorted(made) == sorted(uids)
+    for uid, (rec, _) in zip(requests, answers, strict=True):
+        assert rec == (before if uid == "already" else made[uid])
+    generations = sorted(rec.generation for rec in made.values())
+    assert generations == list(range(before.generation + 1, before.generation + 17))
+    for rec in made.values():
+        assert (await store.get(rec.generation)) == rec  # durable, as answered
+
+
+async def test_in_a_mixed_batch_one_write_failing_spoils_none_of_the_others(
+    store: SqlEpochStore,
+) -> None:
+    rec, _ = await store.issue("ns", "echo", "first")
+    commits = store.commit_stats().commits
+    results = await asyncio.gather(
+        store.issue("ns", "echo", "a"),
+        store.transition(rec.generation, Action.DRAIN),  # a pending epoch cannot drain
+        store.issue("ns", "echo", "b"),
+        return_exceptions=True,
+    )
+    assert store.commit_stats().commits == commits + 1
+    assert isinstance(results[1], LifecycleError)
+    assert (await store.get(rec.generation)).state is State.PENDING
+    for issued in (results[0], results[2]):
+        assert not isinstance(issued, BaseException)
+        assert (await store.get(issued[0].generation)) == issued[0]
+
+
+async def test_a_batch_of_retries_spends_no_revision(store: SqlEpochStore) -> None:
+    rec, _ = await store.issue("ns", "echo", "once")
+    answers = await asyncio.gather(*(store.issue("ns", "echo", "once") for _ in range(4)))
+    assert all(again == (rec, False) for again in answers)
+    assert (await store.list_server("ns", "echo")).revision == rec.revision
 
 
 async def test_bind_register_drain_retire_and_the_rules_on_the_way(store: SqlEpochStore) -> None:
@@ -175,3 +226,10 @@ async def test_postgres_two_processes_stepping_one_ring_step_it_once(postgres: o
     finally:
         await here.close()
         await there.close()
+
+
+def test_a_follower_tells_its_own_change_notices_from_other_processes() -> None:
+    assert own_revision("change abc 41", "abc") == 41
+    assert own_revision("change other 41", "abc") is None
+    assert own_revision("reload", "abc") is None
+    assert own_revision("change abc", "abc") is None  # malformed: read, never skip
