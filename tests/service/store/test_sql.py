@@ -179,6 +179,36 @@ async def test_postgres_a_second_process_writes_reach_this_copy(postgres: object
         await there.close()
 
 
+async def test_postgres_own_commits_between_anothers_never_hide_its_writes(
+    postgres: object,
+) -> None:
+    # The follower skips this process's own change notices and moves its mark past them;
+    # writes of another process committed in between must still reach the copy.
+    url = postgres.new_database()  # type: ignore[attr-defined]
+    here, there = await open_store(url), await open_store(url)
+    changed = asyncio.Event()
+    here.on_change = lambda _servers: changed.set()
+    try:
+        await here.attach()
+        await there.attach()
+        theirs = []
+        for round_ in range(5):
+            mine = [here.issue("ns", "echo", f"here-{round_}-{i}") for i in range(8)]
+            other = there.issue("ns", "echo", f"there-{round_}")
+            *_, (rec, _) = await asyncio.gather(*mine, other)
+            theirs.append(rec.generation)
+        for generation in theirs:
+            await _until(
+                changed,
+                lambda g=generation: _has(here, g),
+                f"the other process's epoch {generation}",
+            )
+        assert len((await here.list_server("ns", "echo")).epochs) == 5 * 9
+    finally:
+        await here.close()
+        await there.close()
+
+
 async def _has(store: SqlEpochStore, generation: int) -> bool:
     """In the in-memory copy (``list_server`` answers from it while it is whole)."""
     listing = await store.list_server("ns", "echo")
