@@ -69,7 +69,7 @@ class _CommitCounters(Collector):
             ("commit_writes", "Writes carried by group commits", self.stats.writes),
             (
                 "commit_statements",
-                "Statements sent by group commits (a round trip each; BEGIN/COMMIT not counted)",
+                "Statements sent by group commits (a round trip each on PostgreSQL)",
                 self.stats.statements,
             ),
             (

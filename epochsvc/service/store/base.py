@@ -56,8 +56,8 @@ class ServerSnapshot:
 @dataclass(slots=True)
 class CommitStats:
     """Where a group commit's time goes, summed since start (``/metrics``, ``bench service``):
-    per commit, the writes it carried, the statements it sent (each one round trip; a commit
-    also costs its BEGIN and COMMIT), and the writer's time from BEGIN to the end of COMMIT."""
+    per commit, the writes it carried, the statements it sent (on PostgreSQL each one round
+    trip, besides BEGIN and COMMIT), and the writer's time from BEGIN to the end of COMMIT."""
 
     commits: int = 0
     writes: int = 0

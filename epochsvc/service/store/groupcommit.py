@@ -135,17 +135,14 @@ class GroupCommitter:
         trips fewer); an error or a no-op rolls the whole transaction back."""
         try:
             with self._engine.begin() as conn:
-                try:
-                    values = unit.run(conn)
-                except NoChange as unchanged:
-                    raise _RolledBack([(True, unchanged.value)]) from None
-                except Exception as exc:
-                    raise _RolledBack([(False, exc)] * len(unit.ops)) from None
+                outcomes, stands = _run(conn, unit)
+                if not stands:
+                    raise _RolledBack(outcomes)
                 if self._before_commit is not None:
                     self._before_commit(conn)
         except _RolledBack as rolled_back:
             return rolled_back.outcomes
-        return [(True, value) for value in values]
+        return outcomes
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
@@ -187,12 +184,26 @@ def _units(ops: list[Op]) -> list[_Unit]:
     return units
 
 
+def _run(conn: Connection, unit: _Unit) -> tuple[list[tuple[bool, Any]], bool]:
+    """The unit's answers, and whether its writes stand (False: roll them back, after an
+    error or a legal no-op)."""
+    try:
+        return [(True, value) for value in unit.run(conn)], True
+    except NoChange as unchanged:
+        return [(True, unchanged.value)], False
+    except Exception as exc:
+        return [(False, exc)] * len(unit.ops), False
+
+
 def _isolated(conn: Connection, unit: _Unit) -> list[tuple[bool, Any]]:
     """A unit in a savepoint of its own: its error spoils nothing else in the batch."""
     try:
         with conn.begin_nested():
-            return [(True, value) for value in unit.run(conn)]
-    except NoChange as unchanged:
-        return [(True, unchanged.value)]
-    except Exception as exc:
+            outcomes, stands = _run(conn, unit)
+            if not stands:
+                raise _RolledBack(outcomes)
+    except _RolledBack as rolled_back:
+        return rolled_back.outcomes
+    except Exception as exc:  # the savepoint itself failed (the database)
         return [(False, exc)] * len(unit.ops)
+    return outcomes
