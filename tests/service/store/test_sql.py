@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -155,7 +156,12 @@ async def _until(changed: asyncio.Event, check: Callable[[], Awaitable[bool]], w
         raise AssertionError(f"within 10 s: {what}") from None
 
 
-async def test_postgres_a_second_process_writes_reach_this_copy(postgres: object) -> None:
+@asynccontextmanager
+async def _two_processes(
+    postgres: object,
+) -> AsyncIterator[tuple[SqlEpochStore, SqlEpochStore, asyncio.Event]]:
+    """Two service processes' stores on one new PostgreSQL database, both following it;
+    the event is set whenever the first one's copy takes in the other's writes."""
     url = postgres.new_database()  # type: ignore[attr-defined]
     here, there = await open_store(url), await open_store(url)
     changed = asyncio.Event()
@@ -163,6 +169,14 @@ async def test_postgres_a_second_process_writes_reach_this_copy(postgres: object
     try:
         await here.attach()
         await there.attach()
+        yield here, there, changed
+    finally:
+        await here.close()
+        await there.close()
+
+
+async def test_postgres_a_second_process_writes_reach_this_copy(postgres: object) -> None:
+    async with _two_processes(postgres) as (here, there, changed):
         rec, _ = await there.issue("ns", "echo", "from-there")
         await _until(changed, lambda: _has(here, rec.generation), "the other process's epoch")
         await there.transition(rec.generation, Action.BIND, pod_name="p", pod_uid="u")
@@ -174,9 +188,6 @@ async def test_postgres_a_second_process_writes_reach_this_copy(postgres: object
         assert (await here.list_server("ns", "echo")).revision == (
             await there.list_server("ns", "echo")
         ).revision
-    finally:
-        await here.close()
-        await there.close()
 
 
 async def test_postgres_own_commits_between_anothers_never_hide_its_writes(
@@ -184,13 +195,7 @@ async def test_postgres_own_commits_between_anothers_never_hide_its_writes(
 ) -> None:
     # The follower skips this process's own change notices and moves its mark past them;
     # writes of another process committed in between must still reach the copy.
-    url = postgres.new_database()  # type: ignore[attr-defined]
-    here, there = await open_store(url), await open_store(url)
-    changed = asyncio.Event()
-    here.on_change = lambda _servers: changed.set()
-    try:
-        await here.attach()
-        await there.attach()
+    async with _two_processes(postgres) as (here, there, changed):
         theirs = []
         for round_ in range(5):
             mine = [here.issue("ns", "echo", f"here-{round_}-{i}") for i in range(8)]
@@ -204,9 +209,6 @@ async def test_postgres_own_commits_between_anothers_never_hide_its_writes(
                 f"the other process's epoch {generation}",
             )
         assert len((await here.list_server("ns", "echo")).epochs) == 5 * 9
-    finally:
-        await here.close()
-        await there.close()
 
 
 async def _has(store: SqlEpochStore, generation: int) -> bool:
@@ -235,9 +237,7 @@ async def test_a_ring_is_made_once_and_reports_count_only_for_the_newest_process
 
 
 async def test_postgres_two_processes_stepping_one_ring_step_it_once(postgres: object) -> None:
-    url = postgres.new_database()  # type: ignore[attr-defined]
-    here, there = await open_store(url), await open_store(url)
-    try:
+    async with _two_processes(postgres) as (here, there, _changed):
         made = await asyncio.gather(here.ring("ns", "echo", 0.0), there.ring("ns", "echo", 0.0))
         assert made[0].keys == made[1].keys  # one ring, although both made it at once
         await here.rotate_ring("ns", "echo", 0.0)
@@ -253,9 +253,6 @@ async def test_postgres_two_processes_stepping_one_ring_step_it_once(postgres: o
         assert max(s.ring.revision for s in steps) == 4
         ring, _ = await here.ring_status("ns", "echo")
         assert ring is not None and ring.phase.value == "steady" and len(ring.keys) == 1
-    finally:
-        await here.close()
-        await there.close()
 
 
 def test_a_follower_tells_its_own_change_notices_from_other_processes() -> None:
