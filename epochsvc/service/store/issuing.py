@@ -85,11 +85,9 @@ def issue_all(conn: Connection, requests: list[IssueRequest]) -> list[Issued]:
             r.request_uid: queries.to_record(SimpleNamespace(**row), ledger8)
             for r, row in zip(new, rows, strict=True)
         }
-    answers: list[Issued] = []
-    for r in requests:
-        if r.request_uid in made:
-            answers.append((made.pop(r.request_uid), True))  # popped: a twin is not "made"
-            found[r.request_uid] = answers[-1][0]
-        else:
-            answers.append((found[r.request_uid], False))
-    return answers
+    records = {**found, **made}
+    # Made by this request only if it is the first of its UID in the batch: a twin is a retry.
+    return [
+        (records[r.request_uid], r.request_uid in made and first_of[r.request_uid] is r)
+        for r in requests
+    ]

@@ -1,8 +1,9 @@
 """The ledger's statements, as plain functions of a connection (both backends run the same).
 
-Every write transaction starts with :func:`bump`: it bumps the single ``ledger`` row's
-revision, and that row lock (PostgreSQL) or the write lock ``BEGIN IMMEDIATE`` takes (SQLite)
-serialises writers, so the generation counter and the revision never race, also between
+Every write transaction starts with :func:`bump`, which bumps the single ``ledger`` row's
+revision, or with :func:`lock_writers` (issuing, which bumps only once it knows how many
+epochs are new). That row lock (PostgreSQL) or the write lock ``BEGIN IMMEDIATE`` takes
+(SQLite) serialises writers, so the generation counter and the revision never race, also between
 several service processes sharing one PostgreSQL.
 """
 
@@ -25,12 +26,6 @@ _BUMP = (
     ledger_table.update()
     .where(ledger_table.c.id == LEDGER_ROW)
     .values(revision=ledger_table.c.revision + 1)
-    .returning(ledger_table.c.revision, ledger_table.c.generation)
-)
-_BUMP_GENERATION = (
-    ledger_table.update()
-    .where(ledger_table.c.id == LEDGER_ROW)
-    .values(revision=ledger_table.c.revision + 1, generation=ledger_table.c.generation + 1)
     .returning(ledger_table.c.revision, ledger_table.c.generation)
 )
 #: Issuing ``b_count`` epochs at once: one revision, ``b_count`` new generations.
@@ -73,9 +68,9 @@ def to_record(row: Any, ledger8: str) -> EpochRecord:
     )
 
 
-def bump(conn: Connection, *, generation: bool = False) -> tuple[int, int]:
+def bump(conn: Connection) -> tuple[int, int]:
     """Take the writer lock and return the new (revision, generation)."""
-    row = conn.execute(_BUMP_GENERATION if generation else _BUMP).one()
+    row = conn.execute(_BUMP).one()
     return int(row.revision), int(row.generation)
 
 
