@@ -1,7 +1,7 @@
 """The operator's own Kubernetes API calls, on ``kubernetes_asyncio`` (the official client's
-asyncio twin: every call runs on kopf's event loop, beside the webhook and the watches).
+asyncio twin: every call runs on kopf's event loop, beside the watches).
 
-kopf watches and serves the webhook; through this go the writes kopf has no helper for
+kopf watches (the webhook has a server of its own, ``admission``); through this go the writes kopf has no helper for
 (server-side apply of the Deployment, Service and webhook configuration, the status of an
 McpServer, the servers ConfigMap, Events from outside kopf's handlers) and the labelled lists
 of the resync. Credentials come from

@@ -44,17 +44,18 @@ ServiceOutcome = Literal["ok", "refused", "unavailable"]
 
 
 class _Retries(Collector):
-    """``mcp_epoch_operator_epoch_service_retries_total``, read from the client's counter."""
+    """``mcp_epoch_operator_epoch_service_retries_total``, the sum of the clients' counters
+    (the worker's client, and the webhook's on its own thread)."""
 
-    def __init__(self, read: Callable[[], int]) -> None:
-        self.read = read
+    def __init__(self) -> None:
+        self.reads: list[Callable[[], int]] = []
 
     def collect(self) -> Iterable[Metric]:
         family = CounterMetricFamily(
             "mcp_epoch_operator_epoch_service_retries",
             "Epoch service attempts repeated after an outage answer (no answer, 502-504).",
         )
-        family.add_metric([], self.read())
+        family.add_metric([], sum(read() for read in self.reads))
         yield family
 
 
@@ -83,9 +84,12 @@ class OperatorMetrics:
             ["call", "outcome"],
             registry=self.registry,
         )
+        self._retries = _Retries()
+        self.registry.register(self._retries)
 
     def follow_retries(self, read: Callable[[], int]) -> None:
-        self.registry.register(_Retries(read))
+        """Count one more client's repeated attempts (read at every scrape)."""
+        self._retries.reads.append(read)
 
     @contextmanager
     def reconciling(self) -> Iterator[None]:

@@ -1,15 +1,20 @@
-"""Pure admission logic: which pods get an epoch, and how a pod is changed to carry it.
+"""Pure admission logic: which pods get an epoch, how a pod is changed to carry it, and the
+AdmissionReview answer.
 
-The kopf handler in ``handlers`` does the I/O (issuing the epoch); everything it decides is
-here, as functions from plain dicts to plain dicts, so it is tested without a cluster.
+The server in ``admission`` does the I/O (reading the review, issuing the epoch); everything
+it decides is here, as functions from plain dicts to plain dicts, so it is tested without a
+cluster.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+import json
 from dataclasses import dataclass
 from typing import Any
+
+import jsonpatch
 
 from mcp_epoch.contract import (
     DEFAULT_EVENTS_PER_SECOND,
@@ -24,6 +29,7 @@ from mcp_epoch.contract import (
     UID_RE,
     WINDOW_ANNOTATION,
 )
+from mcp_epoch_operator.metrics import Admission
 from mcp_epoch_operator.names import (
     ENV_BUFFER,
     ENV_EPOCH,
@@ -196,6 +202,49 @@ def injected(
     out = copy.deepcopy(pod)
     inject(out, epoch, server, defaults)
     return out
+
+
+def pod_patch(
+    pod: dict[str, Any], epoch: str, server: str, defaults: ReplicaDefaults
+) -> list[dict[str, Any]]:
+    """The JSON Patch that turns ``pod`` into the pod carrying ``epoch`` (what the API server
+    applies: an admission answer carries the change, not the changed pod)."""
+    ops: list[dict[str, Any]] = jsonpatch.JsonPatch.from_diff(
+        pod, injected(pod, epoch, server, defaults)
+    ).patch
+    return ops
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the webhook answers for one pod, and how the metrics count it."""
+
+    outcome: Admission
+    allowed: bool
+    code: int = 200
+    message: str = ""
+    patch: list[dict[str, Any]] | None = None
+    warnings: tuple[str, ...] = ()
+
+
+SKIPPED = Verdict("skipped", allowed=True)
+
+
+def refused(code: int, message: str) -> Verdict:
+    return Verdict("refused", allowed=False, code=code, message=message)
+
+
+def review_response(uid: str, verdict: Verdict) -> dict[str, Any]:
+    """The ``admission.k8s.io/v1`` AdmissionReview answering request ``uid``."""
+    response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
+    if not verdict.allowed:
+        response["status"] = {"code": verdict.code, "message": verdict.message}
+    if verdict.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(verdict.patch).encode()).decode("ascii")
+    if verdict.warnings:
+        response["warnings"] = list(verdict.warnings)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
 def refusal_message(target: Target, service_url: str, reason: str) -> str:

@@ -1,0 +1,401 @@
+"""The webhook's own HTTPS server (``mcp_epoch_operator.admission``), against a real epoch
+service, without an API server: the reviews are posted here the way the API server posts them.
+
+What the cluster tests cannot show is here: an answer that does not wait for kopf's loop,
+hostile bodies, and a rotated serving certificate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import shutil
+import ssl
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import jsonpatch
+import pytest
+from mcp_epoch_operator import admission
+from mcp_epoch_operator.admission import AdmissionServer, LoopSink
+from mcp_epoch_operator.config import OperatorConfig, WebhookServing
+from mcp_epoch_operator.metrics import OperatorMetrics
+from mcp_epoch_operator.names import ENV_EPOCH, EPOCH_ANNOTATION, SERVER_LABEL, WEBHOOK_PATH
+from mcp_epoch_operator.resources import ReplicaDefaults
+from mcp_epoch_operator.runtime import Runtime
+
+from tests.cluster import certs
+from tests.operator.support import wait_for
+from tests.support.epochsvc_proc import EpochServiceProcess
+from tests.support.ports import free_port
+
+Key = tuple[str, str]
+
+
+def trusting(ca: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca))
+
+
+class Recorder:
+    """Stands in for the operator's Runtime, recording what admissions hand over to it (the
+    attributes LoopSink calls); the loop it runs on is real."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.events = self
+
+    def mark(self, namespace: str, server: str) -> None:
+        self.calls.append(("mark", namespace, server))
+
+    def set_reachable(self, ok: bool, message: str = "") -> None:
+        self.calls.append(("reachable", ok))
+
+    def post(self, key: Key, type_: str, reason: str, message: str) -> None:
+        self.calls.append(("event", key, type_, reason))
+
+
+class OperatorLoop:
+    """A real event loop on a thread of its own, as kopf's is, that a test can block."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def block(self) -> threading.Event:
+        """Stall the loop until the returned event is set."""
+        release, stalled = threading.Event(), threading.Event()
+
+        def stall() -> None:
+            stalled.set()
+            release.wait(30)
+
+        self.loop.call_soon_threadsafe(stall)
+        assert stalled.wait(10)
+        return release
+
+    def drain(self) -> None:
+        """Return once everything handed to the loop before this call has run."""
+        done = threading.Event()
+        self.loop.call_soon_threadsafe(done.set)
+        assert done.wait(10)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+class Webhook:
+    def __init__(self, server: AdmissionServer, ca: Path, port: int) -> None:
+        self.server = server
+        self.url = f"https://127.0.0.1:{port}"
+        self.http = httpx.Client(base_url=self.url, verify=trusting(ca), timeout=10)
+
+    def post(self, body: Any, path: str = WEBHOOK_PATH) -> httpx.Response:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return self.http.post(path, content=content, headers={"Content-Type": "application/json"})
+
+    def review(self, request: dict[str, Any]) -> dict[str, Any]:
+        response = self.post(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+        )
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        assert body["apiVersion"] == "admission.k8s.io/v1"
+        assert body["kind"] == "AdmissionReview"
+        assert body["response"]["uid"] == request["uid"]
+        return cast(dict[str, Any], body["response"])
+
+
+def pod_request(
+    server: str | None = "calc",
+    *,
+    uid: str | None = None,
+    operation: str = "CREATE",
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    labels = {SERVER_LABEL: server} if server is not None else {"app": "other"}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "calc-", "namespace": "team-a", "labels": labels},
+        "spec": {"containers": [{"name": "mcp", "image": "registry.invalid/calc:1"}]},
+    }
+    return {
+        "uid": uid or str(uuid.uuid4()),
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "team-a",
+        "operation": operation,
+        "object": pod,
+        "oldObject": None,
+        "dryRun": dry_run,
+    }
+
+
+def patched(request: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    assert response["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(response["patch"]))
+    out: dict[str, Any] = jsonpatch.apply_patch(request["object"], ops)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Pki:
+    return certs.generate(tmp_path_factory.mktemp("admission-pki"), "10.96.0.1")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EpochServiceProcess]:
+    work = tmp_path_factory.mktemp("admission-epochsvc")
+    with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
+        yield svc
+
+
+@pytest.fixture
+def operator_loop() -> Iterator[OperatorLoop]:
+    loop = OperatorLoop()
+    yield loop
+    loop.close()
+
+
+def start_webhook(
+    service: EpochServiceProcess,
+    cert: Path,
+    key: Path,
+    ca: Path,
+    loop: OperatorLoop,
+    recorder: Recorder,
+    metrics: OperatorMetrics,
+) -> Webhook:
+    port = free_port()
+    serving = WebhookServing(listen="127.0.0.1", port=port, cert=cert, key=key)
+    config = OperatorConfig(
+        namespaces=None,
+        epoch_service_url=service.url,
+        operator_token=service.operator_token,
+        replica=ReplicaDefaults("http://epochs:8080"),
+        operator_namespace="mcp-epoch",
+        webhook=serving,
+    )
+    server = AdmissionServer(serving, config, metrics, LoopSink(cast(Runtime, recorder), loop.loop))
+    server.start()
+    return Webhook(server, ca, port)
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def metrics() -> OperatorMetrics:
+    return OperatorMetrics()
+
+
+@pytest.fixture
+def webhook(
+    pki: certs.Pki,
+    service: EpochServiceProcess,
+    operator_loop: OperatorLoop,
+    recorder: Recorder,
+    metrics: OperatorMetrics,
+) -> Iterator[Webhook]:
+    hook = start_webhook(
+        service, pki.webhook_cert, pki.webhook_key, pki.ca_cert, operator_loop, recorder, metrics
+    )
+    yield hook
+    hook.http.close()
+    hook.server.stop()
+
+
+def epoch_of(pod: dict[str, Any]) -> str:
+    epoch: str = pod["metadata"]["annotations"][EPOCH_ANNOTATION]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env[ENV_EPOCH] == epoch
+    return epoch
+
+
+def test_a_labelled_pod_gets_its_epoch_and_a_retry_the_same_one(
+    webhook: Webhook, operator_loop: OperatorLoop, recorder: Recorder, metrics: OperatorMetrics
+) -> None:
+    request = pod_request()
+    first = webhook.review(request)
+    assert first["allowed"] is True
+    epoch = epoch_of(patched(request, first))
+    # The API server re-sends a review it got no answer for: same UID, same epoch.
+    again = webhook.review(request)
+    assert epoch_of(patched(request, again)) == epoch
+    other = pod_request()
+    assert epoch_of(patched(other, webhook.review(other))) != epoch
+
+    operator_loop.drain()
+    assert ("mark", "team-a", "calc") in recorder.calls
+    assert ("reachable", True) in recorder.calls
+    assert ("event", ("team-a", "calc"), "Normal", "EpochIssued") in recorder.calls
+    count = metrics.registry.get_sample_value(
+        "mcp_epoch_operator_webhook_seconds_count", {"outcome": "issued"}
+    )
+    assert count == 3
+
+
+def test_the_answer_does_not_wait_for_the_operators_loop(
+    webhook: Webhook, operator_loop: OperatorLoop, recorder: Recorder
+) -> None:
+    release = operator_loop.block()
+    try:
+        request = pod_request()
+        response = webhook.review(request)  # answered while kopf's loop cannot run anything
+        epoch_of(patched(request, response))
+        assert recorder.calls == []  # what it handed over waits for the loop
+    finally:
+        release.set()
+    operator_loop.drain()
+    assert ("mark", "team-a", "calc") in recorder.calls
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pytest.param(pod_request(None), id="unlabelled"),
+        pytest.param(pod_request(operation="UPDATE"), id="update"),
+        pytest.param(
+            {**pod_request(), "kind": {"group": "", "version": "v1", "kind": "Service"}},
+            id="not-a-pod",
+        ),
+    ],
+)
+def test_pods_that_need_no_epoch_are_admitted_unchanged(
+    webhook: Webhook, request_: dict[str, Any], recorder: Recorder
+) -> None:
+    response = webhook.review(request_)
+    assert response == {"uid": request_["uid"], "allowed": True}
+
+
+def test_a_dry_run_issues_nothing(webhook: Webhook) -> None:
+    response = webhook.review(pod_request(dry_run=True))
+    assert response["allowed"] is True
+    assert "patch" not in response
+    assert "dry run" in response["warnings"][0]
+
+
+def test_a_label_the_ledger_cannot_take_is_refused_with_why(webhook: Webhook) -> None:
+    response = webhook.review(pod_request("Not_A_Label"))
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 400
+    assert "DNS-1123" in response["status"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        pytest.param(b"{not json", 400, "not JSON", id="not-json"),
+        pytest.param(b"\xff\xfe", 400, "not JSON", id="not-utf8"),
+        pytest.param(b"[1, 2]", 400, "not an AdmissionReview", id="a-list"),
+        pytest.param({"request": "x"}, 400, "not an AdmissionReview", id="request-not-object"),
+        pytest.param({"request": {"uid": 7}}, 400, "no uid", id="uid-not-string"),
+        pytest.param(
+            b"{" + b" " * (admission.MAX_REVIEW_BYTES + 1) + b"}", 413, "", id="oversized"
+        ),
+    ],
+)
+def test_bodies_that_are_not_reviews_get_a_clear_error(
+    webhook: Webhook, body: Any, status: int, says: str
+) -> None:
+    response = webhook.post(body)
+    assert response.status_code == status
+    assert says in response.text
+    # ... and the server still answers the next review.
+    assert webhook.review(pod_request(None))["allowed"] is True
+
+
+def test_other_paths_and_methods_are_not_served(webhook: Webhook) -> None:
+    assert webhook.post(pod_request(), path="/mutate").status_code == 404
+    assert webhook.http.get(WEBHOOK_PATH).status_code == 405
+
+
+def test_a_port_in_use_fails_start_with_the_reason(
+    pki: certs.Pki,
+    service: EpochServiceProcess,
+    operator_loop: OperatorLoop,
+    recorder: Recorder,
+    metrics: OperatorMetrics,
+    webhook: Webhook,
+) -> None:
+    port = int(webhook.url.rsplit(":", 1)[1])
+    serving = WebhookServing("127.0.0.1", port, pki.webhook_cert, pki.webhook_key)
+    config = OperatorConfig(
+        None,
+        service.url,
+        service.operator_token,
+        ReplicaDefaults("http://epochs:8080"),
+        "mcp-epoch",
+        webhook=serving,
+    )
+    server = AdmissionServer(
+        serving, config, metrics, LoopSink(cast(Runtime, recorder), operator_loop.loop)
+    )
+    with pytest.raises(OSError):
+        server.start()
+
+
+def _served_certificate_verifies(url: str, ca: Path) -> bool:
+    """Whether a fresh TLS connection to ``url`` verifies against ``ca``."""
+    try:
+        with httpx.Client(verify=trusting(ca), timeout=5) as client:
+            client.post(url + WEBHOOK_PATH, content=b"{}")
+    except httpx.ConnectError:
+        return False
+    return True
+
+
+def test_a_rotated_certificate_is_served_and_a_broken_one_is_not(
+    tmp_path: Path,
+    pki: certs.Pki,
+    service: EpochServiceProcess,
+    operator_loop: OperatorLoop,
+    recorder: Recorder,
+    metrics: OperatorMetrics,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(admission, "CERT_CHECK_SECONDS", 0.05)
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(pki.webhook_cert, cert)
+    shutil.copy(pki.webhook_key, key)
+    hook = start_webhook(service, cert, key, pki.ca_cert, operator_loop, recorder, metrics)
+    try:
+        rotated = certs.generate(tmp_path / "rotated", "10.96.0.1")
+        # Half a rotation: the new certificate beside the old key. It must not be loaded.
+        with caplog.at_level(logging.ERROR, logger="mcp_epoch_operator.admission"):
+            shutil.copy(rotated.webhook_cert, cert)
+            wait_for(lambda: "cannot be loaded" in caplog.text, 10, "the refused rotation")
+        assert _served_certificate_verifies(hook.url, pki.ca_cert)  # the old pair still serves
+        assert not _served_certificate_verifies(hook.url, rotated.ca_cert)
+        # The rotation completes: new connections get the new certificate.
+        shutil.copy(rotated.webhook_key, key)
+        wait_for(
+            lambda: _served_certificate_verifies(hook.url, rotated.ca_cert),
+            10,
+            "the rotated certificate to be served",
+            interval=0.05,
+        )
+        assert not _served_certificate_verifies(hook.url, pki.ca_cert)
+        assert webhook_answers(hook, rotated.ca_cert)
+    finally:
+        hook.http.close()
+        hook.server.stop()
+
+
+def webhook_answers(hook: Webhook, ca: Path) -> bool:
+    with httpx.Client(base_url=hook.url, verify=trusting(ca), timeout=10) as client:
+        request = pod_request(None)
+        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+        return bool(client.post(WEBHOOK_PATH, json=body).json()["response"]["allowed"])
