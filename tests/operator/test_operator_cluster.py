@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from mcp_epoch_operator.handlers import WATCH_SELECTORS
 
 from tests.cluster.harness import Cluster
 from tests.operator.support import (
@@ -458,3 +459,41 @@ def test_api_server_rejects_invalid_mcpservers(
     assert proc.returncode != 0, proc.stdout
     for fragment in expected:
         assert fragment in proc.stderr, proc.stderr
+
+
+def test_the_watches_are_filtered_by_the_api_server(k8s_cluster: Cluster) -> None:
+    # The operator's watch selectors, asked of the real API server: exactly the objects its
+    # handlers act on come back, so nothing else of the cluster is ever sent to the operator.
+    ns = make_namespace(k8s_cluster, "watch-filter")
+    managed = {"app.kubernetes.io/managed-by": "mcp-epoch-operator"}
+    labels = {
+        "served": {SERVER_LABEL: "calc"},
+        "owned": {SERVER_LABEL: "calc", **managed},
+        "other": {"app": "calc"},
+        "bare": {},
+    }
+    template = {"containers": [{"name": "c", "image": "registry.invalid/c:1"}]}
+    objects: list[dict[str, Any]] = []
+    for name, these in labels.items():
+        meta = {"name": name, "namespace": ns, "labels": these}
+        objects.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template})
+        objects.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": meta,
+                "spec": {
+                    "replicas": 0,
+                    "selector": {"matchLabels": {"pod": name}},
+                    "template": {"metadata": {"labels": {"pod": name}}, "spec": template},
+                },
+            }
+        )
+    apply(k8s_cluster, *objects)
+
+    def names(kind: str, selector: str) -> set[str]:
+        listed = k8s_cluster.kubectl_json("get", kind, "-n", ns, "-l", selector)
+        return {item["metadata"]["name"] for item in listed["items"]}
+
+    assert names("pods", WATCH_SELECTORS["v1", "pods"]) == {"served", "owned"}
+    assert names("deployments", WATCH_SELECTORS["apps", "v1", "deployments"]) == {"owned"}
