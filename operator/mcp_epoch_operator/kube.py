@@ -1,10 +1,10 @@
 """The operator's own Kubernetes API calls, on ``kubernetes_asyncio`` (the official client's
 asyncio twin: every call runs on kopf's event loop, beside the watches).
 
-kopf watches (the webhook has a server of its own, ``admission``); through this go the writes kopf has no helper for
-(server-side apply of the Deployment, Service and webhook configuration, the status of an
-McpServer, the servers ConfigMap, Events from outside kopf's handlers) and the labelled lists
-of the resync. Credentials come from
+kopf watches (the webhook has a server of its own, ``admission``); through this go the writes
+kopf has no helper for (server-side apply of the Deployment, Service and webhook
+configuration, the status of an McpServer, the servers ConfigMap, Events from outside kopf's
+handlers) and the labelled lists of the resync. Credentials come from
 kopf's own login (:func:`login`), so the client reads exactly the kubeconfig or service
 account kopf uses, and logs in again on a 401 (service account tokens rotate).
 
