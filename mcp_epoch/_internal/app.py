@@ -47,6 +47,20 @@ FIRST_SYNC_TIMEOUT = 3.0
 INTERNAL_ERROR = -32603
 
 
+def quiet_http_client_logs() -> None:
+    """Keep httpx from logging each request at INFO, unless the application chose its level.
+
+    The forwarder and the live view make their requests with httpx, which logs every one of
+    them at INFO, and the SDK's ``MCPServer`` sets the root logger to INFO with a rich
+    handler. Every forwarded request then rendered a line: a quarter of a forwarding
+    replica's CPU (``python -m bench forward``), and noise in every replica's log. An
+    application that set the ``httpx`` logger's level keeps it.
+    """
+    logger = logging.getLogger("httpx")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+
+
 class StreamableServer(Protocol):
     """What the SDK's ``MCPServer`` and low-level ``Server`` both offer."""
 
@@ -74,6 +88,7 @@ class EpochSafeApp:
         first_sync_timeout: float = FIRST_SYNC_TIMEOUT,
         **http_app_options: Any,
     ) -> None:
+        quiet_http_client_logs()
         self.config = ReplicaConfig.from_env(env)
         self.view = LiveEpochView.from_config(self.config)
         self.inflight = InFlight()

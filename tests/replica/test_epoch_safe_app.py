@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -85,3 +86,22 @@ async def test_running_is_for_hosts_whose_lifespan_does_not_reach_the_app() -> N
         first = app.epoch
         await app.start()  # a lifespan that does reach it later changes nothing
         assert app.epoch == first
+
+
+async def test_httpx_request_lines_are_quiet_unless_the_application_asked_for_them() -> None:
+    httpx_log, root = logging.getLogger("httpx"), logging.getLogger()
+    saved = httpx_log.level, root.level
+    try:
+        httpx_log.setLevel(logging.NOTSET)
+        root.setLevel(logging.INFO)  # what the SDK's MCPServer does
+        mcp_epoch.epoch_safe_app(server(), env={})
+        # The forwarder's and the live view's requests no longer log a line each at INFO.
+        assert not httpx_log.isEnabledFor(logging.INFO)
+        assert httpx_log.isEnabledFor(logging.WARNING)
+
+        httpx_log.setLevel(logging.DEBUG)  # an application that wants them keeps them
+        mcp_epoch.epoch_safe_app(server(), env={})
+        assert httpx_log.isEnabledFor(logging.INFO)
+    finally:
+        httpx_log.setLevel(saved[0])
+        root.setLevel(saved[1])
