@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import json
 import logging
 import shutil
@@ -244,6 +245,10 @@ def test_a_labelled_pod_gets_its_epoch_and_a_retry_the_same_one(
         "mcp_epoch_operator_webhook_seconds_count", {"outcome": "issued"}
     )
     assert count == 3
+    calls = metrics.registry.get_sample_value(
+        "mcp_epoch_operator_epoch_service_calls_total", {"call": "issue", "outcome": "ok"}
+    )
+    assert calls == 3
 
 
 def test_the_answer_does_not_wait_for_the_operators_loop(
@@ -273,17 +278,27 @@ def test_the_answer_does_not_wait_for_the_operators_loop(
     ],
 )
 def test_pods_that_need_no_epoch_are_admitted_unchanged(
-    webhook: Webhook, request_: dict[str, Any], recorder: Recorder
+    webhook: Webhook, request_: dict[str, Any], operator_loop: OperatorLoop, recorder: Recorder
 ) -> None:
     response = webhook.review(request_)
     assert response == {"uid": request_["uid"], "allowed": True}
+    operator_loop.drain()
+    assert recorder.calls == []  # no server to reconcile, no Event, no service call
 
 
-def test_a_dry_run_issues_nothing(webhook: Webhook) -> None:
+def test_a_dry_run_issues_nothing(
+    webhook: Webhook, operator_loop: OperatorLoop, recorder: Recorder, metrics: OperatorMetrics
+) -> None:
     response = webhook.review(pod_request(dry_run=True))
     assert response["allowed"] is True
     assert "patch" not in response
     assert "dry run" in response["warnings"][0]
+    operator_loop.drain()
+    assert recorder.calls == []
+    calls = metrics.registry.get_sample_value(
+        "mcp_epoch_operator_epoch_service_calls_total", {"call": "issue", "outcome": "ok"}
+    )
+    assert calls is None  # the epoch service was never asked
 
 
 def test_a_label_the_ledger_cannot_take_is_refused_with_why(webhook: Webhook) -> None:
@@ -342,8 +357,9 @@ def test_a_port_in_use_fails_start_with_the_reason(
     server = AdmissionServer(
         serving, config, metrics, LoopSink(cast(Runtime, recorder), operator_loop.loop)
     )
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as info:
         server.start()
+    assert info.value.errno == errno.EADDRINUSE
 
 
 def _served_certificate_verifies(url: str, ca: Path) -> bool:
