@@ -106,7 +106,8 @@ def live_peers(view: EpochSnapshot, own: ProcessEpoch) -> list[Route]:
 
 
 class OwnerUnreachable(Exception):
-    """The owner did not take the request (no connection, or 421): nothing reached it."""
+    """The owner did not take the request (no connection, reset unread, or 421): it did not
+    run there."""
 
 
 class OwnerLost(Exception):
@@ -195,9 +196,15 @@ class Forwarder:
             # Nothing was sent: the request certainly did not run.
             raise OwnerUnreachable(f"{route.epoch} at {route.address}: {exc!r}") from None
         except httpx.TransportError as exc:
+            if reset_unread(exc):
+                # The owner closed with the request unread (it stopped accepting as the
+                # request arrived): it cannot have run, so the client may be sent elsewhere.
+                raise OwnerUnreachable(
+                    f"{route.epoch} at {route.address} reset the connection unread: {exc!r}"
+                ) from None
             # Sent, but no answer: it may have run, so the client must not be told "retry".
             log.warning("forward to %s lost its connection: %r", route.epoch, exc)
-            raise OwnerLost(str(exc)) from None
+            raise OwnerLost(repr(exc)) from None
         try:
             if response.status_code == MISDIRECTED and NOT_THE_OWNER_HEADER in response.headers:
                 said = (await response.aread())[:200].decode("utf-8", "replace")
@@ -250,6 +257,21 @@ class Forwarder:
                 log.info("forwarded stream from %s broke: %r", route.epoch, exc)
             tg.cancel_scope.cancel()
         return complete
+
+
+def reset_unread(exc: BaseException) -> bool:
+    """True when a request failed because the owner's end reset the connection before any
+    answer: TCP resets a connection closed with data still unread (RFC 9293, 3.6.1), which
+    a process that read the whole request never does, so the owner cannot have run it. A
+    clean close (FIN) stays ambiguous: the owner may have read it, run it, and died."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # httpx -> httpcore -> anyio -> OSError
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionResetError | BrokenPipeError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 async def _request_body(receive: Receive) -> AsyncIterator[bytes]:

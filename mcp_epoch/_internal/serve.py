@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -67,11 +68,26 @@ class DrainingServer(uvicorn.Server):
     def _stop_accepting(self) -> None:
         """Close the listener and every idle connection, as uvicorn's own shutdown does first,
         but before the drain's last wait: whatever was accepted until now is then waited for,
-        and nothing can arrive after it (busy connections close after their answer)."""
+        and nothing can arrive after it (busy connections close after their answer).
+
+        A connection that has not sent a request yet is reset, not closed: its request may be
+        on its way, and a reset tells the sender (a peer forwarding to this process) that it
+        was never read, where a clean close would leave "did it run?" unanswerable. The
+        kernel resets the connections still in the listen queue the same way. Nothing was
+        ever written on such a connection, so the reset discards no answer."""
         for server in self.servers:
             server.close()
         for connection in list(self.server_state.connections):
+            if getattr(connection, "cycle", False) is None:  # no request began on it
+                _reset_on_close(getattr(connection, "transport", None))
             connection.shutdown()
+
+
+def _reset_on_close(transport: asyncio.BaseTransport | None) -> None:
+    """Make the closing of ``transport`` a TCP reset (SO_LINGER 0), if it is a socket's."""
+    sock = None if transport is None else transport.get_extra_info("socket")
+    if sock is not None and sock.fileno() >= 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 def serve(

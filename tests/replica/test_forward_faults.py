@@ -4,17 +4,22 @@ A draining owner closes its idle connections when it stops accepting, and a peer
 a pooled connection at that very moment loses its request unanswered: it cannot tell that
 from a crash, so the client gets a 502 for a request that never ran. Hitting that moment with
 real processes is a matter of luck, so the owner here is a small loopback server that always
-closes an already-used connection when the next request arrives on it.
+closes an already-used connection when the next request arrives on it. The last two tests
+close a fresh connection under its request, unread (what a draining owner does, see
+``test_serve_stop_accepting``) and after reading it (an owner that died running it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 from typing import Any
 
+import anyio
 import pytest
 
-from mcp_epoch._internal.forward import Forwarder, Route
+from mcp_epoch._internal.forward import Forwarder, OwnerLost, OwnerUnreachable, Route
 from mcp_epoch.contract import ProcessEpoch
 
 pytestmark = pytest.mark.anyio
@@ -106,3 +111,50 @@ async def test_every_forward_has_a_connection_of_its_own() -> None:
         await forwarder.aclose()
         server.close()
     assert owner.answered == 3 and owner.closed_under_a_request == 0
+
+
+class ClosesUnder:
+    """A one-connection owner on a plain socket that closes once the request is in: with it
+    unread (the kernel resets the connection) or after reading all of it (a clean close)."""
+
+    def __init__(self, *, read_first: bool) -> None:
+        self.read_first = read_first
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.route = Route(OWNER, f"127.0.0.1:{self.listener.getsockname()[1]}")
+
+    def run(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            if self.read_first:
+                request = b""
+                while not request.endswith(b"0\r\n\r\n"):  # the chunked body's last chunk
+                    request += conn.recv(65536)
+            else:
+                select.select([conn], [], [])  # the request has arrived; leave it unread
+        self.listener.close()
+
+
+async def _forward_to(owner: ClosesUnder) -> BaseException:
+    forwarder = Forwarder()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, owner.run)
+            with pytest.raises((OwnerUnreachable, OwnerLost)) as raised:
+                await _forward_one(forwarder, owner.route)
+    finally:
+        await forwarder.aclose()
+    return raised.value
+
+
+async def test_an_owner_that_resets_the_request_unread_did_not_take_it() -> None:
+    """What a draining owner does to a request arriving as it stops accepting: the forwarder
+    may then reject (the client re-initializes elsewhere) instead of answering 502."""
+    error = await _forward_to(ClosesUnder(read_first=False))
+    assert isinstance(error, OwnerUnreachable), error
+    assert "reset the connection unread" in str(error)
+
+
+async def test_an_owner_that_read_the_request_and_went_away_may_have_run_it() -> None:
+    error = await _forward_to(ClosesUnder(read_first=True))
+    assert isinstance(error, OwnerLost), error
+    assert "RemoteProtocolError" in str(error)  # the client is told what happened
