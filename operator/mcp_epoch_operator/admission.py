@@ -28,7 +28,7 @@ from aiohttp import web
 from mcp_epoch import api
 from mcp_epoch.api_client import EpochServiceClient, EpochServiceError, EpochServiceUnavailable
 from mcp_epoch_operator.config import OperatorConfig, WebhookServing
-from mcp_epoch_operator.epochs import WEBHOOK_POLICY, client_for
+from mcp_epoch_operator.epochs import WEBHOOK_POLICY, client_for, send_counted
 from mcp_epoch_operator.metrics import OperatorMetrics
 from mcp_epoch_operator.names import WEBHOOK_PATH
 from mcp_epoch_operator.runtime import Runtime
@@ -125,25 +125,21 @@ class Admitter:
         key = (target.namespace, target.server)
         call = api.issue(target.namespace, target.server, target.request_uid)
         try:
-            issued = await self.svc.send(call, WEBHOOK_POLICY)
+            issued = await send_counted(
+                self.svc, call, WEBHOOK_POLICY, self.metrics, self.sink.reachable
+            )
         except EpochServiceUnavailable as exc:
-            self.metrics.service_call(call.name, "unavailable")
-            self.sink.reachable(False, str(exc))
             message = refusal_message(target, self.config.epoch_service_url, str(exc))
             self.sink.mark(key)
             self.sink.event(key, "Warning", "EpochServiceUnreachable", message)
             return refused(503, message)
         except EpochServiceError as exc:
-            self.metrics.service_call(call.name, "refused")
-            self.sink.reachable(True)
             message = (
                 f"mcp-epoch: the epoch service refused to issue an epoch for "
                 f"{target.namespace}/{target.server}: {exc.message} ({exc.code})"
             )
             self.sink.event(key, "Warning", "EpochIssueFailed", message)
             return refused(exc.status if exc.status < 500 else 503, message)
-        self.metrics.service_call(call.name, "ok")
-        self.sink.reachable(True)
         pod = request.get("object") or {}
         patch = pod_patch(pod, issued.epoch, target.server, self.config.replica)
         self.sink.mark(key)

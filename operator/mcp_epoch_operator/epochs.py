@@ -8,12 +8,24 @@ import logging
 import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from mcp_epoch.api_client import EpochServiceClient, RetryPolicy
+from pydantic import BaseModel
+
+from mcp_epoch.api import Call
+from mcp_epoch.api_client import (
+    EpochServiceClient,
+    EpochServiceError,
+    EpochServiceUnavailable,
+    RetryPolicy,
+)
 from mcp_epoch_operator.config import OperatorConfig
+from mcp_epoch_operator.metrics import OperatorMetrics
 
 log = logging.getLogger("mcp_epoch_operator.epochs")
+M = TypeVar("M", bound=BaseModel)
+#: ``reachable(answered, why_not)``: whether the service answered at all.
+Reachable = Callable[[bool, str], None]
 
 #: The webhook's budget: its own timeout is 5 s, and a pod refused now is retried by its owner.
 WEBHOOK_POLICY = RetryPolicy(deadline=3.0, attempt_timeout=1.5, first_backoff=0.05, max_backoff=0.5)
@@ -65,3 +77,28 @@ def client_for(config: OperatorConfig) -> EpochServiceClient:
         else True
     )
     return connect(config.epoch_service_url, config.operator_token, verify)
+
+
+async def send_counted(
+    svc: EpochServiceClient,
+    call: Call[M],
+    policy: RetryPolicy | None,
+    metrics: OperatorMetrics,
+    reachable: Reachable,
+) -> M:
+    """Send ``call``, count its outcome and report whether the service answered (a refusal
+    is an answer). Every caller shares this: the reconcile worker on kopf's loop, which keeps
+    each McpServer's status, and the webhook on its own thread, which hands it over."""
+    try:
+        result = await svc.send(call, policy)
+    except EpochServiceUnavailable as exc:
+        metrics.service_call(call.name, "unavailable")
+        reachable(False, str(exc))
+        raise
+    except EpochServiceError:
+        metrics.service_call(call.name, "refused")
+        reachable(True, "")
+        raise
+    metrics.service_call(call.name, "ok")
+    reachable(True, "")
+    return result

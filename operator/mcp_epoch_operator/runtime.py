@@ -29,7 +29,7 @@ from mcp_epoch.api_client import (
 )
 from mcp_epoch_operator import lifecycle, reconcile, status
 from mcp_epoch_operator.config import OperatorConfig
-from mcp_epoch_operator.epochs import READY_POLICY
+from mcp_epoch_operator.epochs import READY_POLICY, send_counted
 from mcp_epoch_operator.events import EventPoster
 from mcp_epoch_operator.kube import KubeClient
 from mcp_epoch_operator.metrics import OperatorMetrics
@@ -67,19 +67,7 @@ class Runtime:
 
     async def svc_call(self, call: Call[M], policy: RetryPolicy | None = None) -> M:
         """Call the service, keeping ``reach`` current (it feeds every McpServer's status)."""
-        try:
-            result = await self.svc.send(call, policy)
-        except EpochServiceUnavailable as exc:
-            self.metrics.service_call(call.name, "unavailable")
-            self.set_reachable(False, str(exc))
-            raise
-        except EpochServiceError:
-            self.metrics.service_call(call.name, "refused")
-            self.set_reachable(True)
-            raise
-        self.metrics.service_call(call.name, "ok")
-        self.set_reachable(True)
-        return result
+        return await send_counted(self.svc, call, policy, self.metrics, self.set_reachable)
 
     def set_reachable(self, ok: bool, message: str = "") -> None:
         if ok == self.reach.reachable and (ok or message == self.reach.message):
