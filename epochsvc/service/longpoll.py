@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterable
 
 from epochsvc.service.store.base import EpochStore, StoreUnavailable
@@ -30,6 +29,11 @@ Key = tuple[str, str]
 #: loop reads its sockets, so ``/healthz`` and every other request interleave with a wake of
 #: thousands instead of queueing behind all of them.
 WAKE_BATCH = 256
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class _Wake:
@@ -55,8 +59,7 @@ class _Wake:
             if start:
                 await asyncio.sleep(0)  # one loop turn: let sockets be read
             for future in waiters[start : start + WAKE_BATCH]:
-                if not future.done():  # a waiter that left meanwhile has cancelled its own
-                    future.set_result(None)
+                _resolve(future)  # a waiter that left meanwhile has cancelled its own
 
 
 class ChangeNotifier:
@@ -122,7 +125,8 @@ class ChangeNotifier:
     ) -> None:
         """Return once a change newer than ``since`` exists for the server, or ``wait`` passes."""
         key = (namespace, server)
-        deadline = time.monotonic() + wait
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
         self.waiters += 1
         self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
@@ -137,13 +141,14 @@ class ChangeNotifier:
                     # since > ledger: the caller's copy came from another (replaced) ledger.
                     if newest > since or since > ledger or self.closed:
                         return
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return
-                    async with asyncio.timeout(remaining):
+                    # A bare timer rather than asyncio.timeout(), whose context and
+                    # cancellation bookkeeping every one of thousands of waiters would hold.
+                    timer = loop.call_at(deadline, _resolve, woken)
+                    try:
                         await woken
-                except TimeoutError:
-                    if time.monotonic() >= deadline:
+                    finally:
+                        timer.cancel()
+                    if loop.time() >= deadline:
                         return  # the caller reads the list anyway: no last look needed
                 finally:
                     wake.discard(woken)  # a no-op once woken

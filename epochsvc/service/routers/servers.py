@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Query, Response
 from epochsvc.service.access import shown
 from epochsvc.service.auth import AnyCaller
 from epochsvc.service.deps import Config, Lists, Notifier, Rules, Store
+from epochsvc.service.held import HeldResponse
 from epochsvc.service.lifecycle import State
 from epochsvc.service.models import epoch_of
 from mcp_epoch.api import EpochList, ErrorBody
@@ -46,23 +47,28 @@ async def list_epochs(
     ``since`` exists for this server or the wait ends; it is the full list either way. A pod
     reads only its own server's epochs."""
     await rules.check_read(caller, namespace, server)
+    filters = tuple(state or ())
+
+    async def listing() -> bytes:
+        snapshot = await store.list_server(namespace, server, filters)
+        key = lists.key(store.ledger_id, namespace, server, filters, caller.is_operator)
+
+        def render() -> bytes:
+            body = EpochList(
+                ledger_id=store.ledger_id,
+                revision=snapshot.revision,
+                epochs=[epoch_of(shown(r, caller)) for r in snapshot.epochs],
+            )
+            return body.model_dump_json().encode()
+
+        return lists.get(key, snapshot.revision, render)
+
     if since is not None and wait > 0:
-        await notifier.wait_for_change(
-            store,
-            namespace,
-            server,
-            since,
-            min(wait, settings.max_wait_seconds),
-        )
-    snapshot = await store.list_server(namespace, server, state or ())
+        held = min(wait, settings.max_wait_seconds)
 
-    def render() -> bytes:
-        listing = EpochList(
-            ledger_id=store.ledger_id,
-            revision=snapshot.revision,
-            epochs=[epoch_of(shown(r, caller)) for r in snapshot.epochs],
-        )
-        return listing.model_dump_json().encode()
+        async def after_the_wait() -> bytes:
+            await notifier.wait_for_change(store, namespace, server, since, held)
+            return await listing()
 
-    key = lists.key(store.ledger_id, namespace, server, state or (), caller.is_operator)
-    return Response(lists.get(key, snapshot.revision, render), media_type="application/json")
+        return HeldResponse(after_the_wait, media_type="application/json")
+    return Response(await listing(), media_type="application/json")
