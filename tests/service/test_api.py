@@ -272,12 +272,13 @@ def test_long_poll_wakes_on_change_and_times_out(svc: EpochServiceProcess) -> No
 
         waiter = threading.Thread(target=poll)
         waiter.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while "epochsvc_longpoll_waiters 1.0" not in c.get("/metrics").text:
+            assert time.monotonic() < deadline, "the long poll was never held"
         issue(c, server="other")  # another server's change does not wake this one...
-        time.sleep(0.5)
+        waiter.join(0.5)  # (a window for a wrong wake to show, not a synchronisation)
         assert waiter.is_alive()
-        metrics = c.get("/metrics").text
-        assert "epochsvc_longpoll_waiters 1.0" in metrics
+        assert "epochsvc_longpoll_waiters 1.0" in c.get("/metrics").text
         epoch = issue(c)["epoch"]  # ...this one does
         waiter.join(10)
         assert not waiter.is_alive()
