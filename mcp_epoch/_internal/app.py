@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from mcp_epoch._internal import unfinished
 from mcp_epoch._internal.config import ReplicaConfig
 from mcp_epoch._internal.guard import (
     ASGIApp,
@@ -89,6 +90,7 @@ class EpochSafeApp:
         **http_app_options: Any,
     ) -> None:
         quiet_http_client_logs()
+        unfinished.install()
         self.config = ReplicaConfig.from_env(env)
         self.view = LiveEpochView.from_config(self.config)
         self.inflight = InFlight()

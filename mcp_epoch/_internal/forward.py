@@ -13,6 +13,7 @@ client resumes from the last event it really got.
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -24,6 +25,7 @@ import anyio
 import httpx
 
 from mcp_epoch._internal.snapshot import EpochSnapshot
+from mcp_epoch._internal.unfinished import UNFINISHED
 from mcp_epoch.contract import (
     CALL_STREAM_HEADER,
     FORWARDED_BY_HEADER,
@@ -224,39 +226,53 @@ class Forwarder:
         out = [(k.lower(), v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP]
         out.append((FORWARDED_BY_HEADER.encode(), str(route.epoch).encode()))
         await send({"type": "http.response.start", "status": response.status_code, "headers": out})
-        complete = False
+        ended = _Ended.CUT
         with anyio.CancelScope() as relay:
             self._relays.add(relay)
             try:
-                complete = await self._stream(response, receive, send, route)
+                ended = await self._stream(response, receive, send, route)
             finally:
                 self._relays.discard(relay)
-        if complete:
+        if ended is _Ended.COMPLETE:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        elif ended is _Ended.CUT:
+            # Left without its last chunk on purpose, for a client still there: not an error.
+            UNFINISHED.expect()
 
     async def _stream(
         self, response: httpx.Response, receive: Receive, send: Send, route: Route
-    ) -> bool:
-        """Relay the body until it ends (True) or the owner or the client goes away."""
-        complete = False
+    ) -> _Ended:
+        """Relay the body until it ends, the owner goes away, or the client does (or the
+        relay is cut from outside, which cancels this)."""
+        ended = _Ended.CUT
         async with anyio.create_task_group() as tg:
 
             async def client_gone() -> None:
+                nonlocal ended
                 while (await receive())["type"] != "http.disconnect":
                     pass
+                ended = _Ended.CLIENT_LEFT
                 tg.cancel_scope.cancel()  # the client left: stop the owner's side too
 
             tg.start_soon(client_gone)
             try:
                 async for chunk in response.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                complete = True
+                ended = _Ended.COMPLETE
             except httpx.TransportError as exc:
                 # The owner went away mid-answer: cut the client's stream as a drop would
                 # (no final chunk), so it resumes from the last event it really received.
                 log.info("forwarded stream from %s broke: %r", route.epoch, exc)
             tg.cancel_scope.cancel()
-        return complete
+        return ended
+
+
+class _Ended(enum.Enum):
+    """How a relay ended."""
+
+    COMPLETE = "complete"
+    CUT = "cut"  # the owner went away, or this process cut it: the client's stream is cut
+    CLIENT_LEFT = "client-left"
 
 
 def reset_unread(exc: BaseException) -> bool:

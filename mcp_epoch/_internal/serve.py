@@ -11,6 +11,7 @@ exits at once. This module imports ``uvicorn`` (a dependency of the MCP SDK).
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 from collections.abc import Callable
@@ -21,6 +22,9 @@ import uvicorn
 
 from mcp_epoch._internal.app import EpochSafeApp
 from mcp_epoch._internal.guard import ASGIApp
+from mcp_epoch._internal.unfinished import UNFINISHED
+
+log = logging.getLogger("mcp_epoch")
 
 
 class DrainingServer(uvicorn.Server):
@@ -40,7 +44,12 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        try:
+            await super().serve(sockets)
+        finally:
+            cut = UNFINISHED.exited()
+        if cut:
+            log.info("exit cut %d open streams; their clients resume elsewhere", cut)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -63,6 +72,7 @@ class DrainingServer(uvicorn.Server):
         try:
             await self.epoch_app.drain(stop_accepting=self._stop_accepting)
         finally:
+            UNFINISHED.exiting()  # what is still open now is cut by the exit, on purpose
             self.should_exit = True
 
     def _stop_accepting(self) -> None:

@@ -24,6 +24,8 @@ from tests.replica.conftest import RawSession, ServerProc, parse_sse, progress_o
 from tests.support.epochsvc_proc import EpochServiceProcess
 
 NS, SERVER = "ns", "fwd"
+#: What uvicorn logs at ERROR for a response an app ends without its last chunk.
+UNFINISHED_LINE = "ASGI callable returned without completing response"
 
 
 @dataclass
@@ -222,6 +224,45 @@ def test_a_draining_process_cuts_the_streams_it_relays_as_a_drop_would_and_exits
     log = (tmp_path / "a.log").read_text()
     assert "cut 1 forwarded streams" in log
     assert "Exception in ASGI application" not in log  # not cancelled by uvicorn's shutdown
+    assert UNFINISHED_LINE not in log  # cut on purpose: not an error
+
+
+def test_a_drained_process_ends_its_own_open_streams_at_exit_without_an_error(
+    pair: tuple[Replica, Replica], http: httpx.Client, tmp_path: Path
+) -> None:
+    a, _ = pair
+    s = RawSession(a.url, http).initialize()
+    headers = {**s.headers(), "accept": "text/event-stream"}
+    with http.stream("GET", a.url, headers=headers) as stream:  # A's own open-ended stream
+        assert stream.status_code == 200 and FORWARDED_BY_HEADER not in stream.headers
+        a.srv.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(httpx.RemoteProtocolError):  # ended by the exit: no last chunk
+            for _ in stream.iter_bytes():
+                pass
+    assert a.srv.proc.wait(10) == 0
+    log = (tmp_path / "a.log").read_text()
+    assert "exit cut 1 open streams" in log
+    assert UNFINISHED_LINE not in log
+
+
+def test_a_relay_whose_owner_dies_is_cut_for_its_client_without_an_error(
+    pair: tuple[Replica, Replica], http: httpx.Client, tmp_path: Path
+) -> None:
+    a, b = pair
+    s = RawSession(b.url, http).initialize()  # B owns the session; A relays its call
+    _, body = slow_countdown(50, "orphaned", 80)
+    with http.stream("POST", a.url, json=body, headers=s.headers()) as call:
+        assert call.headers.get(FORWARDED_BY_HEADER) == b.srv.epoch
+        lines = call.iter_lines()
+        next(line for line in lines if line.startswith("data:") and "progress" in line)
+        b.srv.proc.kill()  # the owner dies mid-answer
+        with pytest.raises(httpx.RemoteProtocolError):  # passed on as a drop: no last chunk
+            for _ in lines:
+                pass
+    # A logged before it closed the client's connection: its log is complete for this.
+    log = (tmp_path / "a.log").read_text()
+    assert "forwarded stream from" in log
+    assert UNFINISHED_LINE not in log
 
 
 def test_a_draining_process_relays_a_resumed_call_stream_to_its_answer_before_it_exits(
