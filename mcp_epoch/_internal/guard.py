@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Final, Protocol
 
+from mcp_epoch._internal.body import BodyTooLarge, read_body
 from mcp_epoch._internal.decision import ReplayPlan, classify
 from mcp_epoch._internal.errors import Reason, ResumptionRejected
 from mcp_epoch._internal.eventid import EventId
@@ -62,8 +63,6 @@ RESUMABLE_REVISIONS: Final = frozenset({"2024-11-05", "2025-03-26", "2025-06-18"
 INVALID_REQUEST: Final = -32600
 #: The SDK's stream ID for a session's standalone GET stream (every other stream is a call's).
 STANDALONE_STREAM: Final = "_GET_stream"
-#: Larger POST bodies get 413; an MCP message is far smaller (the SDK sets no limit itself).
-MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 
 
 class ResumeAuthority(Protocol):
@@ -215,6 +214,8 @@ class ResumptionGuard:
         except OwnerUnreachable as exc:
             log.warning("owner unreachable, rejecting instead: %s", exc)
             return False
+        except BodyTooLarge as exc:
+            await respond(send, 413, error_body(str(exc)))
         except OwnerLost as exc:
             body_ = error_body(f"the owning process {route.epoch} went away: {exc}")
             await respond(send, 502, body_)
@@ -241,11 +242,11 @@ class ResumptionGuard:
             call_stream = forwarded and plan.stream_id != STANDALONE_STREAM
         calls: list[str] = []
         if method == "POST":
-            buffered = await _buffered(receive)
-            if buffered is None:
-                await respond(send, 413, error_body(f"request body over {MAX_BODY_BYTES} bytes"))
+            try:
+                body, receive = await _buffered(receive)
+            except BodyTooLarge as exc:
+                await respond(send, 413, error_body(str(exc)))
                 return
-            body, receive = buffered
             calls, cancelled, work = requests_in(body)
             if work and sid is not None and self.is_draining():
                 await send_rejection(
@@ -367,26 +368,10 @@ def _with_session(headers: Sequence[tuple[bytes, bytes]], local: str) -> list[tu
     ]
 
 
-async def _buffered(receive: Receive) -> tuple[bytes, Receive] | None:
-    """Read a request body whole (MCP POST bodies are single JSON-RPC messages) and hand the
-    app a ``receive`` that replays it, then passes on whatever comes next (a disconnect).
-    None: the body is over :data:`MAX_BODY_BYTES` (nothing is kept of it)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            pending: Message | None = message
-            break
-        chunk = bytes(message.get("body", b""))
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            pending = None
-            break
-    body = b"".join(chunks)
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
+    """Read a request body whole and hand the app a ``receive`` that replays it, then passes
+    on whatever comes next (a disconnect). Raises :class:`BodyTooLarge`."""
+    body, pending = await read_body(receive)
     replayed = False
 
     async def replay() -> Message:

@@ -1,26 +1,33 @@
-"""The forwarder against an owner that closes an idle connection as a request arrives on it.
+"""The forwarder's hop against owners that misbehave at exact moments, on loopback.
 
 A draining owner closes its idle connections when it stops accepting, and a peer that reuses
 a pooled connection at that very moment loses its request unanswered: it cannot tell that
 from a crash, so the client gets a 502 for a request that never ran. Hitting that moment with
 real processes is a matter of luck, so the owner here is a small loopback server that always
-closes an already-used connection when the next request arrives on it. The last two tests
-close a fresh connection under its request, unread (what a draining owner does, see
-``test_serve_stop_accepting``) and after reading it (an owner that died running it).
+closes an already-used connection when the next request arrives on it. Then: a fresh
+connection closed under its request, unread (what a draining owner does, see
+``test_serve_stop_accepting``) and after reading it (an owner that died running it); and
+scripted owners whose answers arrive in pieces, break off, or never end while the client
+leaves, which the hop (``mcp_epoch._internal.upstream``) must frame and classify exactly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import select
 import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import pytest
 
+from mcp_epoch._internal.body import MAX_BODY_BYTES, BodyTooLarge
 from mcp_epoch._internal.forward import Forwarder, OwnerLost, OwnerUnreachable, Route
-from mcp_epoch.contract import ProcessEpoch
+from mcp_epoch.contract import FORWARDED_BY_HEADER, FORWARDED_TO_HEADER, ProcessEpoch
 
 pytestmark = pytest.mark.anyio
 
@@ -60,42 +67,79 @@ class ClosesReusedConnections:
 
 
 async def _read_body(reader: asyncio.StreamReader, head: bytes) -> None:
-    """Consume a request body: chunked (what the forwarder streams) or by Content-Length."""
-    lines = head.lower().split(b"\r\n")
-    if b"transfer-encoding: chunked" in lines:
-        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-            await reader.readexactly(size + 2)
-        await reader.readuntil(b"\r\n")
-        return
-    for line in lines:
+    """Consume a request body (the forwarder sends its length)."""
+    for line in head.lower().split(b"\r\n"):
         if line.startswith(b"content-length:"):
             await reader.readexactly(int(line.split(b":", 1)[1]))
 
 
-async def _forward_one(forwarder: Forwarder, route: Route) -> tuple[int, bytes]:
+PING = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+
+
+@dataclass
+class Relayed:
+    """What the forwarder sent its client."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def status(self) -> int:
+        return int(next(m["status"] for m in self.messages if m["type"] == "http.response.start"))
+
+    @property
+    def headers(self) -> dict[bytes, bytes]:
+        start = next(m for m in self.messages if m["type"] == "http.response.start")
+        return dict(start["headers"])
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(
+            m.get("body", b"") for m in self.messages if m["type"] != "http.response.start"
+        )
+
+    @property
+    def complete(self) -> bool:
+        """The relay ended the response (a cut one never sends its last chunk)."""
+        last = self.messages[-1]
+        return last["type"] == "http.response.body" and not last.get("more_body", False)
+
+
+async def _forward_one(
+    forwarder: Forwarder,
+    route: Route,
+    *,
+    body: bytes = PING,
+    headers: Sequence[tuple[bytes, bytes]] = ((b"host", b"x"),),
+    on_send: Callable[[Relayed], None] = lambda _: None,
+    leaves: asyncio.Event | None = None,
+) -> Relayed:
     scope: dict[str, Any] = {
         "type": "http",
         "method": "POST",
         "path": "/mcp",
         "raw_path": b"/mcp",
         "query_string": b"",
-        "headers": [(b"host", b"x"), (b"content-type", b"application/json")],
+        "headers": [
+            *headers,
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
     }
-    sent = [{"type": "http.request", "body": b'{"jsonrpc":"2.0","id":1,"method":"ping"}'}]
-    out: list[dict[str, Any]] = []
+    sent = [{"type": "http.request", "body": body}]
+    out = Relayed()
 
     async def receive() -> dict[str, Any]:
         if sent:
             return sent.pop()
-        await asyncio.Event().wait()  # the client stays connected
-        raise AssertionError("unreachable")
+        await (leaves or asyncio.Event()).wait()  # the client stays until told otherwise
+        return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
-        out.append(dict(message))
+        out.messages.append(dict(message))
+        on_send(out)
 
     await forwarder.forward(scope, receive, send, route)
-    status = next(m["status"] for m in out if m["type"] == "http.response.start")
-    return status, b"".join(m.get("body", b"") for m in out if m["type"] == "http.response.body")
+    return out
 
 
 async def test_every_forward_has_a_connection_of_its_own() -> None:
@@ -105,10 +149,9 @@ async def test_every_forward_has_a_connection_of_its_own() -> None:
     forwarder = Forwarder()
     try:
         for _ in range(3):
-            status, body = await _forward_one(forwarder, route)
-            assert status == 200 and b'"result"' in body
+            out = await _forward_one(forwarder, route)
+            assert out.status == 200 and b'"result"' in out.body
     finally:
-        await forwarder.aclose()
         server.close()
     assert owner.answered == 3 and owner.closed_under_a_request == 0
 
@@ -127,22 +170,29 @@ class ClosesUnder:
         with conn:
             if self.read_first:
                 request = b""
-                while not request.endswith(b"0\r\n\r\n"):  # the chunked body's last chunk
+                while not _whole(request):
                     request += conn.recv(65536)
             else:
                 select.select([conn], [], [])  # the request has arrived; leave it unread
         self.listener.close()
 
 
+def _whole(request: bytes) -> bool:
+    """The request has arrived with all of its body (the forwarder sends Content-Length)."""
+    head, sep, body = request.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.lower().split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":", 1)[1])
+    raise AssertionError(f"a forwarded request without Content-Length: {head!r}")
+
+
 async def _forward_to(owner: ClosesUnder) -> BaseException:
-    forwarder = Forwarder()
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(anyio.to_thread.run_sync, owner.run)
-            with pytest.raises((OwnerUnreachable, OwnerLost)) as raised:
-                await _forward_one(forwarder, owner.route)
-    finally:
-        await forwarder.aclose()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, owner.run)
+        with pytest.raises((OwnerUnreachable, OwnerLost)) as raised:
+            await _forward_one(Forwarder(), owner.route)
     return raised.value
 
 
@@ -157,4 +207,140 @@ async def test_an_owner_that_resets_the_request_unread_did_not_take_it() -> None
 async def test_an_owner_that_read_the_request_and_went_away_may_have_run_it() -> None:
     error = await _forward_to(ClosesUnder(read_first=True))
     assert isinstance(error, OwnerLost), error
-    assert "RemoteProtocolError" in str(error)  # the client is told what happened
+    assert "closed the connection before answering" in str(error)  # the client is told why
+
+
+class Scripted:
+    """An owner that reads one request whole, keeps it, and writes ``head`` then each of
+    ``rest`` once the client has been sent something more (so the answer really arrives in
+    pieces), then closes."""
+
+    def __init__(self, head: bytes, *rest: bytes, hold_open: bool = False) -> None:
+        self.pieces = [head, *rest]
+        self.hold_open = hold_open  # never end the answer: wait for the forwarder to close
+        self.closed_by_forwarder = asyncio.Event()
+        self.requests: list[bytes] = []
+        self.relayed = asyncio.Event()
+        self.address = ""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.lower().split(b"\r\n")
+            if line.startswith(b"content-length:")
+        )
+        self.requests.append(head + await reader.readexactly(length))
+        for i, piece in enumerate(self.pieces):
+            if i > 1:
+                await self.relayed.wait()
+                self.relayed.clear()
+            writer.write(piece)
+            await writer.drain()
+        if self.hold_open:
+            with contextlib.suppress(ConnectionError):
+                await reader.read()
+            self.closed_by_forwarder.set()
+        writer.close()
+
+    def seen(self, out: Relayed) -> None:
+        self.relayed.set()
+
+    async def forward(self, **options: Any) -> Relayed:
+        server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        self.address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            options.setdefault("on_send", self.seen)
+            return await _forward_one(Forwarder(), Route(OWNER, self.address), **options)
+        finally:
+            server.close()
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def test_a_streamed_answer_is_relayed_in_order_and_ended() -> None:
+    owner = Scripted(
+        SSE_HEAD + _chunk(b"id: e:1\ndata: one\n\n"),
+        _chunk(b"id: e:2\ndata: two\n\n"),
+        _chunk(b"id: e:3\ndata: three\n\n") + b"0\r\n\r\n",
+    )
+    out = await owner.forward()
+    assert out.status == 200 and out.complete
+    assert out.body == b"id: e:1\ndata: one\n\nid: e:2\ndata: two\n\nid: e:3\ndata: three\n\n"
+    assert out.headers[b"content-type"] == b"text/event-stream"
+    assert b"transfer-encoding" not in out.headers  # hop-by-hop: the ASGI server redoes it
+    assert out.headers[FORWARDED_BY_HEADER.encode()] == str(OWNER).encode()
+    # What the owner got: the body with its length, one request per connection, its epoch named.
+    head, _, body = owner.requests[0].partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    assert lines[0] == b"post /mcp http/1.1" and body == PING
+    lengths = [x for x in lines if x.startswith(b"content-length:")]
+    assert lengths == [b"content-length: %d" % len(PING)]  # the client's, set anew
+    assert b"connection: close" in lines
+    assert f"{FORWARDED_TO_HEADER}: {OWNER}".lower().encode() in lines
+
+
+@pytest.mark.parametrize(
+    ("head", "rest", "relayed"),
+    [
+        (SSE_HEAD + _chunk(b"id: e:1\ndata: one\n\n"), b"5\r\nid: ", b"id: e:1\ndata: one\n\n"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 40\r\n\r\n", b'{"jsonrpc":', b'{"jsonrpc":'),
+    ],
+    ids=["stream", "json"],
+)
+async def test_an_owner_that_breaks_off_mid_answer_cuts_the_clients_stream(
+    head: bytes, rest: bytes, relayed: bytes
+) -> None:
+    """No last chunk: the client sees a dropped stream and resumes from its last event."""
+    out = await Scripted(head, rest).forward()
+    assert out.status == 200 and not out.complete
+    assert out.body.startswith(relayed)
+
+
+async def test_a_request_without_host_names_the_owners_address() -> None:
+    """An HTTP/1.0 client may send no Host; HTTP/1.1 to the owner needs one."""
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"
+    owner = Scripted(b"HTTP/1.1 100 Continue\r\n\r\n", answer)
+    out = await owner.forward(headers=())
+    assert out.status == 200 and out.body == b"{}" and out.complete  # the 100 is skipped
+    assert f"host: {owner.address}".encode() in owner.requests[0].lower().split(b"\r\n")
+
+
+async def test_a_body_over_the_bound_is_refused_before_any_connection() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    route = Route(OWNER, f"127.0.0.1:{listener.getsockname()[1]}")
+    listener.setblocking(False)
+    with listener:
+        with pytest.raises(BodyTooLarge):
+            await _forward_one(Forwarder(), route, body=b" " * (MAX_BODY_BYTES + 1))
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing ever connected
+
+
+async def test_an_owner_not_listening_did_not_take_the_request() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    route = Route(OWNER, f"127.0.0.1:{listener.getsockname()[1]}")
+    listener.close()
+    with pytest.raises(OwnerUnreachable, match="no connection"):
+        await _forward_one(Forwarder(), route)
+
+
+async def test_a_client_that_leaves_mid_stream_ends_the_owners_side(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The owner's handler is cancelled as for a direct client that left (its connection
+    closes); the relay ends without logging a broken stream."""
+    owner = Scripted(SSE_HEAD + _chunk(b"id: e:1\ndata: one\n\n"), hold_open=True)
+    leaves = asyncio.Event()
+    with caplog.at_level(logging.INFO, logger="mcp_epoch"):
+        out = await owner.forward(leaves=leaves, on_send=lambda out: leaves.set())
+    assert out.body == b"id: e:1\ndata: one\n\n" and not out.complete
+    await asyncio.wait_for(owner.closed_by_forwarder.wait(), 10)
+    assert "broke" not in caplog.text  # the owner did not go away: the client did

@@ -1,0 +1,38 @@
+"""A request body read whole, within a bound: MCP POST bodies are single JSON-RPC messages.
+
+The guard reads a body before deciding (its calls count for the drain) and the forwarder
+before sending it on in one write, so both read it here, with one bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+
+#: Larger POST bodies get 413; an MCP message is far smaller (the SDK sets no limit itself).
+MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+
+
+class BodyTooLarge(Exception):
+    """The body is over :data:`MAX_BODY_BYTES`; nothing of it is kept."""
+
+
+async def read_body(receive: Receive) -> tuple[bytes, Message | None]:
+    """The body, and the message that ended it early (a disconnect), or None when it
+    arrived whole. Raises :class:`BodyTooLarge`."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), message
+        chunk = bytes(message.get("body", b""))
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BodyTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), None
