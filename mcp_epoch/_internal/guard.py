@@ -189,8 +189,18 @@ class ResumptionGuard:
                 return
             if forwarded_to is None and self.is_draining():
                 peer = self.forwarder.pick(live_peers(self.store.snapshot(), own))
-                if peer is not None and await self._forward(scope, receive, send, peer):
-                    return  # a live peer took the new session
+                if peer is not None:
+                    # Read first: if the peer does not take it, the body is served here.
+                    try:
+                        body, pending = await read_body(receive)
+                    except BodyTooLarge as exc:
+                        await respond(send, 413, error_body(str(exc)))
+                        return
+                    if pending is not None:
+                        return  # the client left before its request arrived: nothing ran
+                    if await self._forward(scope, _replay(body, None, receive), send, peer):
+                        return  # a live peer took the new session
+                    receive = _replay(body, None, receive)
         await self._serve(scope, receive, send, sid, cursor, method, forwarded_to is not None)
 
     async def _to_owner(
@@ -372,6 +382,12 @@ async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
     """Read a request body whole and hand the app a ``receive`` that replays it, then passes
     on whatever comes next (a disconnect). Raises :class:`BodyTooLarge`."""
     body, pending = await read_body(receive)
+    return body, _replay(body, pending, receive)
+
+
+def _replay(body: bytes, pending: Message | None, receive: Receive) -> Receive:
+    """A ``receive`` that hands out ``body`` whole, then ``pending`` (the message that ended
+    the body early, if any), then whatever ``receive`` brings next."""
     replayed = False
 
     async def replay() -> Message:
@@ -384,4 +400,4 @@ async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
             return message
         return await receive()
 
-    return body, replay
+    return replay

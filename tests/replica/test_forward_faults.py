@@ -27,7 +27,10 @@ import pytest
 
 from mcp_epoch._internal.body import MAX_BODY_BYTES, BodyTooLarge
 from mcp_epoch._internal.forward import Forwarder, OwnerLost, OwnerUnreachable, Route
-from mcp_epoch.contract import FORWARDED_BY_HEADER, FORWARDED_TO_HEADER, ProcessEpoch
+from mcp_epoch._internal.snapshot import EpochRecord, EpochSnapshot
+from mcp_epoch._internal.store import EpochEventStore
+from mcp_epoch.contract import FORWARDED_BY_HEADER, FORWARDED_TO_HEADER, PodEpoch, ProcessEpoch
+from tests.replica.inprocess import EPOCH, Session, running
 
 pytestmark = pytest.mark.anyio
 
@@ -344,3 +347,34 @@ async def test_a_client_that_leaves_mid_stream_ends_the_owners_side(
     assert out.body == b"id: e:1\ndata: one\n\n" and not out.complete
     await asyncio.wait_for(owner.closed_by_forwarder.wait(), 10)
     assert "broke" not in caplog.text  # the owner did not go away: the client did
+
+
+class DrainingWithAPeerThatIsGone(EpochEventStore):
+    """The ledger as a draining process sees it when its one live peer has just died: the
+    peer is still ``live`` at an address where nothing listens any more."""
+
+    def __init__(self, epoch: ProcessEpoch, **options: Any) -> None:
+        super().__init__(epoch, **options)
+        listener = socket.create_server(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{listener.getsockname()[1]}"
+        listener.close()
+        own, peer = epoch.pod, PodEpoch(epoch.pod.ledger8, epoch.pod.generation + 1)
+        self._view = EpochSnapshot.of(
+            f"{own.ledger8}-ledger",
+            7,
+            [
+                EpochRecord(str(own), "draining", epoch.incarnation, "127.0.0.1:1"),
+                EpochRecord(str(peer), "live", 0, gone),
+            ],
+        )
+
+    def snapshot(self) -> EpochSnapshot:
+        return self._view
+
+
+def test_a_new_session_a_draining_process_cannot_hand_on_is_served_there() -> None:
+    """The peer does not take the ``initialize``, so the draining process serves it itself,
+    body and all (it is still up and answers until it exits)."""
+    with running(store_cls=DrainingWithAPeerThatIsGone) as server:
+        session = Session(server.url)  # initialize: 200 and a session, within the timeout
+        assert session.sid.startswith(f"{EPOCH}_")
