@@ -76,7 +76,7 @@ class _Hop(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._bodiless = bodiless  # the answer to a HEAD request has no body whatever it says
         self._transport: asyncio.Transport | None = None
-        self.status = 0
+        self.status = 0  # set once the final answer's head has arrived
         self.headers: list[tuple[bytes, bytes]] = []
         self.head: asyncio.Future[None] = loop.create_future()
         self._loop = loop
@@ -107,20 +107,20 @@ class _Hop(asyncio.Protocol):
         return False  # the owner is done: close our end too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.complete:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        if self.complete or self.error is not None:
             return
-        if self.head.done() and exc is None and not self._framed:
+        if self.status and exc is None and not self._framed:
             self.on_message_complete()  # the close ends a body of no declared length
-        elif isinstance(exc, ConnectionResetError | BrokenPipeError) and not self.head.done():
+        elif isinstance(exc, ConnectionResetError | BrokenPipeError) and not self.status:
             self._fail(Refused(f"reset the connection unread: {exc!r}"))
         elif exc is not None:
             self._fail(Broken(f"the connection broke: {exc!r}"))
-        elif not self.head.done():
+        elif not self.status:
             self._fail(Broken("the owner closed the connection before answering"))
         else:
             self._fail(Broken("the connection closed before the answer ended"))
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
 
     def pause_writing(self) -> None:
         self._writable = self._loop.create_future()
@@ -158,7 +158,7 @@ class _Hop(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
-        if self.head.done() and not self.complete:
+        if self.status and not self.complete:  # not the end of an interim (1xx) answer
             self.complete = True
             self._wake()
 

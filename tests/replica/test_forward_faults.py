@@ -378,3 +378,13 @@ def test_a_new_session_a_draining_process_cannot_hand_on_is_served_there() -> No
     with running(store_cls=DrainingWithAPeerThatIsGone) as server:
         session = Session(server.url)  # initialize: 200 and a session, within the timeout
         assert session.sid.startswith(f"{EPOCH}_")
+
+
+async def test_an_answer_of_no_declared_length_ends_with_the_owners_close() -> None:
+    out = await Scripted(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nhel", b"lo").forward()
+    assert out.status == 200 and out.body == b"hello" and out.complete
+
+
+async def test_a_malformed_answer_is_an_owner_that_may_have_run_the_request() -> None:
+    with pytest.raises(OwnerLost, match="malformed"):
+        await Scripted(b"HTTP/1.1 two hundred\r\n\r\n").forward()
