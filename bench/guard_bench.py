@@ -1,17 +1,22 @@
 """What mcp-epoch costs an SDK server: tool calls with progress, served three ways.
 
-    python -m bench guard [--seconds 5] [--clients 8] [--steps 10] [--rounds 5]
+    python -m bench guard [--seconds 2] [--clients 8] [--steps 10] [--rounds 15]
 
 One ``MCPServer`` (``bench/guard_server.py``) with a tool that sends ``--steps`` progress
-notifications and answers, served (one process at a time, same uvicorn settings) with
-mcp-epoch (store, guard, live view of a real epoch service), with a no-op event store (the
-SDK's own resumability path alone) and with no event store. The Go load generator times each
-call until its whole SSE answer is read: throughput with ``--clients`` calls in flight on one
-session, latency with one call at a time (no queueing). The server is one Python process (one
-core) and the Go client costs a fraction of the other core, so the server is the bottleneck.
-Rounds alternate the order of the three, and the median round of each counts (single rounds
-vary by 20% or more on a shared two-core VM). Targets: throughput >= 0.95x the no-op store
-(our own cost) and >= 0.90x no store; p99 at most 1 ms above the no-op store.
+notifications and answers, served (one process each, same uvicorn settings) with mcp-epoch
+(store, guard, live view of a real epoch service), with a no-op event store (the SDK's own
+resumability path alone) and with no event store. The Go load generator times each call until
+its whole SSE answer is read: throughput with ``--clients`` calls in flight on one session,
+latency with one call at a time (no queueing). Each server is one Python process (one core)
+and the Go client costs a fraction of the other core, so the server is the bottleneck.
+
+The three run side by side for the whole benchmark and are loaded one at a time, in short
+slices that alternate in order round by round. A ratio is the median over rounds of the ratio
+within one round: on a shared two-core VM the machine's speed drifts by more than the gap
+being measured (whole runs of one server after another differed by 20% or more), and paired
+slices see the same machine. Each server's CPU per call is shown too. Targets: throughput
+>= 0.95x the no-op store (our own cost) and >= 0.90x no store; p99 at most 1 ms above the
+no-op store.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -58,92 +65,120 @@ def _call_body(steps: int) -> str:
     return json.dumps({"jsonrpc": "2.0", "id": "{n}", "method": "tools/call", "params": params})
 
 
-def _measure(url: str, args: argparse.Namespace) -> tuple[Load, Load]:
-    """(throughput with ``--clients`` in flight, latency with one call at a time)."""
+def _session_headers(url: str, steps: int) -> dict[str, str]:
+    """A session on ``url``, checked with one call by hand: the workload really streams
+    progress and its answer. Returns the headers the load generator sends."""
     with httpx.Client(timeout=30.0) as http:
         session = RawSession(url, http).initialize()
-        # One call by hand first: the workload really streams progress and its answer.
-        body = json.loads(_call_body(args.steps).replace("{n}", "check"))
+        body = json.loads(_call_body(steps).replace("{n}", "check"))
         with http.stream("POST", url, json=body, headers=session.headers()) as r:
             events = parse_sse(list(r.iter_lines()))
         progress = sum("notifications/progress" in e.data for e in events)
-        assert progress == args.steps and '"result"' in events[-1].data, events[-3:]
-        headers = {k: v for k, v in session.headers().items() if k != "content-type"}
+        assert progress == steps and '"result"' in events[-1].data, events[-3:]
+        return {k: v for k, v in session.headers().items() if k != "content-type"}
 
-    def load(clients: int, seconds: float) -> Load:
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Served:
+    """One of the three servers, running for the whole benchmark, and what it measured."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    headers: dict[str, str]
+    busy: list[Load] = field(default_factory=list)
+    alone: list[Load] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)  # server CPU per call, busy slices
+
+    def load(self, clients: int, seconds: float, steps: int) -> Load:
         return run(
-            [url],
+            [self.url],
             clients=clients,
             seconds=seconds,
             method="POST",
-            body=_call_body(args.steps),
-            headers=headers,
+            body=_call_body(steps),
+            headers=self.headers,
             whole=True,
             status=200,
         )
 
-    load(args.clients, 1.0)  # warm-up
-    return load(args.clients, args.seconds), load(1, args.seconds / 2)
-
-
-def _median(loads: list[Load]) -> Load:
-    """The round of median throughput (its latencies come with it)."""
-    return sorted(loads, key=lambda load: load.per_sec)[len(loads) // 2]
-
-
-def _median_p99(loads: list[Load]) -> Load:
-    return sorted(loads, key=lambda load: load.p99_ms)[len(loads) // 2]
+    def slice(self, clients: int, seconds: float, steps: int) -> None:
+        before = _cpu_seconds(self.proc.pid)
+        busy = self.load(clients, seconds, steps)
+        used = _cpu_seconds(self.proc.pid) - before
+        self.busy.append(busy)
+        self.cpu_ms.append(used / max(busy.requests, 1) * 1e3)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench guard")
-    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--seconds", type=float, default=2.0, help="per slice of load")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="1 s per measurement, 2 rounds")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--quick", action="store_true", help="1 s slices, 4 rounds")
     args = ap.parse_args(argv)
     if args.quick:
-        args.seconds, args.rounds = 1.0, 2
+        args.seconds, args.rounds = 1.0, 4
     work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
-    rounds: dict[str, list[tuple[Load, Load]]] = {store: [] for store in STORES}
+    servers: dict[str, Served] = {}
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
         epoch = svc.issue(NS, SERVER, "req-guard")
         svc.send(api.bind(epoch, "guard", "uid-guard"))
         env = {**svc.replica_env(epoch, NS, SERVER), "MCP_POD_NAME": "guard"}
-        for rnd in range(args.rounds):
-            for store in STORES if rnd % 2 == 0 else tuple(reversed(STORES)):
+        try:
+            for store in STORES:
                 proc, url = _start(store, env if store == "epoch" else {})
-                try:
-                    busy, alone = _measure(url, args)
-                finally:
-                    proc.terminate()
-                    proc.wait(10)
+                servers[store] = Served(proc, url, _session_headers(url, args.steps))
+                servers[store].load(args.clients, 1.0, args.steps)  # warm-up
+            for rnd in range(args.rounds):
+                order = STORES if rnd % 2 == 0 else tuple(reversed(STORES))
+                for store in order:
+                    servers[store].slice(args.clients, args.seconds, args.steps)
+                for store in order:
+                    alone = servers[store].load(1, args.seconds / 2, args.steps)
+                    servers[store].alone.append(alone)
                 print(
-                    f"  round {rnd + 1} {store:5}: {busy.per_sec:8.1f} calls/s; one at a time "
-                    f"p50 {alone.p50_ms:6.2f} ms p99 {alone.p99_ms:6.2f} ms; errors "
-                    f"{busy.errors + alone.errors}",
+                    f"  round {rnd + 1:2}: "
+                    + "  ".join(f"{s} {servers[s].busy[-1].per_sec:6.1f}" for s in STORES)
+                    + " calls/s",
                     flush=True,
                 )
-                for failed in (x for x in (busy, alone) if x.errors):
-                    print(f"    first error: {failed.first_error}")
-                rounds[store].append((busy, alone))
-    busy_of = {store: _median([b for b, _ in r]) for store, r in rounds.items()}
-    alone_of = {store: _median_p99([a for _, a in r]) for store, r in rounds.items()}
-    vs_noop = busy_of["epoch"].per_sec / busy_of["noop"].per_sec
-    vs_none = busy_of["epoch"].per_sec / busy_of["none"].per_sec
-    added = alone_of["epoch"].p99_ms - alone_of["noop"].p99_ms
+        finally:
+            for served in servers.values():
+                served.proc.terminate()
+                served.proc.wait(10)
+    return _report(servers, args)
+
+
+def _report(servers: dict[str, Served], args: argparse.Namespace) -> int:
+    def paired(store: str, base: str) -> float:
+        """Median over rounds of the ratio within each round: both slices of a round ran
+        back to back, so a machine that speeds up or slows down moves both."""
+        mine, theirs = servers[store].busy, servers[base].busy
+        return statistics.median(a.per_sec / b.per_sec for a, b in zip(mine, theirs, strict=True))
+
+    p99 = {s: statistics.median(a.p99_ms for a in servers[s].alone) for s in STORES}
+    p50 = {s: statistics.median(a.p50_ms for a in servers[s].alone) for s in STORES}
+    vs_noop, vs_none = paired("epoch", "noop"), paired("epoch", "none")
+    added = p99["epoch"] - p99["noop"]
     print(
-        f"tool calls with {args.steps} progress events, median of {args.rounds} rounds: "
-        f"throughput with {args.clients} in flight, latency one call at a time (Go client; "
-        "the server is the bottleneck)"
+        f"tool calls with {args.steps} progress events, {args.rounds} rounds of "
+        f"{args.seconds:g} s slices, the three servers side by side: throughput with "
+        f"{args.clients} in flight, latency one call at a time (Go client; the server is the "
+        "bottleneck)"
     )
     names = (("no event store", "none"), ("no-op event store", "noop"), ("mcp-epoch", "epoch"))
     for name, store in names:
-        a = alone_of[store]
+        busy = statistics.median(b.per_sec for b in servers[store].busy)
+        cpu = statistics.median(servers[store].cpu_ms)
         print(
-            f"  {name:18} {busy_of[store].per_sec:8.1f} calls/s  p50 {a.p50_ms:6.2f} ms  "
-            f"p99 {a.p99_ms:6.2f} ms"
+            f"  {name:18} {busy:8.1f} calls/s  CPU {cpu:5.2f} ms per call  "
+            f"p50 {p50[store]:6.2f} ms  p99 {p99[store]:6.2f} ms"
         )
     ok = vs_noop >= MIN_VS_NOOP and vs_none >= MIN_VS_NONE and added <= MAX_ADDED_P99_MS
     print(
@@ -151,5 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(>= {MIN_VS_NONE}), p99 {added:+.2f} ms against the no-op store (<= "
         f"{MAX_ADDED_P99_MS:g}): {'met' if ok else 'MISSED'}"
     )
-    errors = sum(b.errors + a.errors for r in rounds.values() for b, a in r)
-    return 1 if errors else 0
+    failed = [(s, x) for s, v in servers.items() for x in (*v.busy, *v.alone) if x.errors]
+    for store, load in failed[:3]:
+        print(f"  {store}: {load.errors} errors, the first: {load.first_error}")
+    return 1 if failed else 0
