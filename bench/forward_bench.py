@@ -14,14 +14,13 @@ know each other's address from the ledger. One session lives on A. Measured in o
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.stats import pct
+from bench.stats import cpu_seconds, pct
 from mcp_epoch import api
 from mcp_epoch.contract import FORWARDED_BY_HEADER
 from tests.replica.conftest import RawSession, ServerProc, start_server
@@ -72,26 +71,20 @@ def _stream(http: httpx.Client, url: str, session: RawSession, events: int, rid:
     return events / seconds
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _paired(
     http: httpx.Client, a: ServerProc, b: ServerProc, session: RawSession, n: int
 ) -> tuple[list[float], list[float], dict[str, float]]:
     """``n`` pings direct to A and ``n`` through B, alternating, so both paths see the same
     machine (a run of one after the other drifts by more than the difference on a shared VM);
     and each server's CPU per ping of its own (A serves both, B only the forwarded ones)."""
-    before = {name: _cpu_seconds(p.proc.pid) for name, p in (("A", a), ("B", b))}
+    before = {name: cpu_seconds(p.proc.pid) for name, p in (("A", a), ("B", b))}
     direct, forwarded = [], []
     for _ in range(n):
         direct += _latencies(http, a.url, session, 1)
         forwarded += _latencies(http, b.url, session, 1)
     cpu = {
-        "A": (_cpu_seconds(a.proc.pid) - before["A"]) / (2 * n) * 1e3,
-        "B": (_cpu_seconds(b.proc.pid) - before["B"]) / n * 1e3,
+        "A": (cpu_seconds(a.proc.pid) - before["A"]) / (2 * n) * 1e3,
+        "B": (cpu_seconds(b.proc.pid) - before["B"]) / n * 1e3,
     }
     return direct, forwarded, cpu
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 
 from bench.loadgen import Load, run
+from bench.stats import cpu_seconds
 from mcp_epoch import api
 from tests.replica.conftest import RawSession, parse_sse
 from tests.support.epochsvc_proc import EpochServiceProcess
@@ -78,11 +79,6 @@ def _session_headers(url: str, steps: int) -> dict[str, str]:
         return {k: v for k, v in session.headers().items() if k != "content-type"}
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass
 class Served:
     """One of the three servers, running for the whole benchmark, and what it measured."""
@@ -107,9 +103,9 @@ class Served:
         )
 
     def slice(self, clients: int, seconds: float, steps: int) -> None:
-        before = _cpu_seconds(self.proc.pid)
+        before = cpu_seconds(self.proc.pid)
         busy = self.load(clients, seconds, steps)
-        used = _cpu_seconds(self.proc.pid) - before
+        used = cpu_seconds(self.proc.pid) - before
         self.busy.append(busy)
         self.cpu_ms.append(used / max(busy.requests, 1) * 1e3)
 
