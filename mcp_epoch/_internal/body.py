@@ -1,7 +1,8 @@
 """A request body read whole, within a bound: MCP POST bodies are single JSON-RPC messages.
 
-The guard reads a body before deciding (its calls count for the drain) and the forwarder
-before sending it on in one write, so both read it here, with one bound.
+The guard reads a POST's body, or a forwarded request's, once and before deciding anything: its
+calls count for the drain, a forward sends it in one write with its length, and a new session
+a peer does not take is served here with the same bytes.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ Where the owner is comes from the ledger's live view (the operator writes each e
 address from the API server; a client never names an address). A forwarded request carries
 ``Mcp-Epoch-Forwarded-To: <owner's process epoch>``; the receiver serves it only if that is its
 own epoch (an address reused by another pod answers 421 and the request is rejected, never
-served by a stranger) and never forwards it again. A request body (one JSON-RPC message) is
-read whole and sent on with its length; the answer streams through unbuffered with the ASGI
-server's backpressure; a client that goes away cancels the forwarded request; an owner that
-dies mid-stream cuts the client's stream as a direct drop would, so the client resumes from
-the last event it really got.
+served by a stranger) and never forwards it again. A request body (one JSON-RPC message, read
+whole by the guard within its bound) is sent on with its length; the answer streams through
+unbuffered with the ASGI server's backpressure; a client that goes away cancels the forwarded
+request; an owner that dies mid-stream cuts the client's stream as a direct drop would, so the
+client resumes from the last event it really got.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any, Final
 import anyio
 
 from mcp_epoch._internal import upstream
-from mcp_epoch._internal.body import read_body
 from mcp_epoch._internal.snapshot import EpochSnapshot
 from mcp_epoch._internal.unfinished import UNFINISHED
 from mcp_epoch.contract import (
@@ -144,16 +143,16 @@ class Forwarder:
     async def forward(
         self,
         scope: Scope,
+        body: bytes,
         receive: Receive,
         send: Send,
         route: Route,
         hold: Hold | None = None,
     ) -> None:
-        """Send the request to ``route`` and stream its answer back. Raises
+        """Send the request, whose ``body`` the caller has read whole, to ``route`` and stream
+        its answer back; ``receive`` then only tells that the client left. Raises
         :class:`OwnerUnreachable` when nothing reached the owner (and nothing was sent to the
-        client), :class:`OwnerLost` when the owner took the request and went away unanswered,
-        :class:`~mcp_epoch._internal.body.BodyTooLarge` for a body over the bound (sent
-        nowhere).
+        client), :class:`OwnerLost` when the owner took the request and went away unanswered.
 
         ``hold(owner)`` is held for the relays a drain of this process must wait for: a POST
         from the start until its relay ends (its length is the owner's answer), a GET only
@@ -164,18 +163,19 @@ class Forwarder:
         held = hold or _no_hold
         if scope.get("method") == "POST":
             with held(str(route.epoch)):
-                await self._forward(scope, receive, send, route, _no_hold)
+                await self._forward(scope, body, receive, send, route, _no_hold)
         else:
-            await self._forward(scope, receive, send, route, held)
+            await self._forward(scope, body, receive, send, route, held)
 
     async def _forward(
-        self, scope: Scope, receive: Receive, send: Send, route: Route, call_stream: Hold
+        self,
+        scope: Scope,
+        body: bytes,
+        receive: Receive,
+        send: Send,
+        route: Route,
+        call_stream: Hold,
     ) -> None:
-        # The body is read whole first (an MCP message is one JSON-RPC message, bounded as on
-        # the local path), so the owner gets it in one write with its length.
-        body, early = await read_body(receive)
-        if early is not None:
-            raise OwnerUnreachable("the client left before its request was sent")
         try:
             answer = await upstream.exchange(
                 route.address,

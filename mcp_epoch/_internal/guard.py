@@ -180,8 +180,22 @@ class ResumptionGuard:
                 return
 
         owner = sid.owner if sid is not None else cursor.epoch if cursor is not None else None
-        if owner is not None and owner != own:
-            await self._to_owner(scope, receive, send, owner, forwarded=forwarded_to is not None)
+        elsewhere = owner is not None and owner != own
+        body = b""
+        if method == "POST" or elsewhere:
+            # Once, before deciding anything (see mcp_epoch._internal.body for why).
+            try:
+                body, early = await read_body(receive)
+            except BodyTooLarge as exc:
+                await respond(send, 413, error_body(str(exc)))
+                return
+            if early is not None:
+                return  # the client left before its request arrived: nothing ran
+        if elsewhere:
+            assert owner is not None
+            await self._to_owner(
+                scope, body, receive, send, owner, forwarded=forwarded_to is not None
+            )
             return
         if sid is None and method == "POST":
             if self.store.is_zombie():
@@ -189,26 +203,23 @@ class ResumptionGuard:
                 return
             if forwarded_to is None and self.is_draining():
                 peer = self.forwarder.pick(live_peers(self.store.snapshot(), own))
-                if peer is not None:
-                    # Read first: if the peer does not take it, the body is served here.
-                    try:
-                        body, pending = await read_body(receive)
-                    except BodyTooLarge as exc:
-                        await respond(send, 413, error_body(str(exc)))
-                        return
-                    if pending is not None:
-                        return  # the client left before its request arrived: nothing ran
-                    if await self._forward(scope, _replay(body, None, receive), send, peer):
-                        return  # a live peer took the new session
-                    receive = _replay(body, None, receive)
-        await self._serve(scope, receive, send, sid, cursor, method, forwarded_to is not None)
+                if peer is not None and await self._forward(scope, body, receive, send, peer):
+                    return  # a live peer took the new session; otherwise it is served here
+        await self._serve(scope, body, receive, send, sid, cursor, method, forwarded_to is not None)
 
     async def _to_owner(
-        self, scope: Scope, receive: Receive, send: Send, owner: ProcessEpoch, *, forwarded: bool
+        self,
+        scope: Scope,
+        body: bytes,
+        receive: Receive,
+        send: Send,
+        owner: ProcessEpoch,
+        *,
+        forwarded: bool,
     ) -> None:
         view = self.store.snapshot()
         route = None if forwarded else route_to(view, owner)  # hop limit: one
-        if route is not None and await self._forward(scope, receive, send, route):
+        if route is not None and await self._forward(scope, body, receive, send, route):
             return
         # The ledger says the owner lives but it did not answer at its address: for the client
         # that is a process that is gone.
@@ -216,16 +227,16 @@ class ResumptionGuard:
         log.info("request for session of %s rejected: %s", owner, reason)
         await send_rejection(send, reason, f"the session's process {owner} is not here")
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, route: Route) -> bool:
+    async def _forward(
+        self, scope: Scope, body: bytes, receive: Receive, send: Send, route: Route
+    ) -> bool:
         """True when the owner answered (the answer went to the client); False: unreachable.
         The relays a drain waits for count in :attr:`inflight` (see ``Forwarder.forward``)."""
         try:
-            await self.forwarder.forward(scope, receive, send, route, self.inflight.relaying)
+            await self.forwarder.forward(scope, body, receive, send, route, self.inflight.relaying)
         except OwnerUnreachable as exc:
             log.warning("owner unreachable, rejecting instead: %s", exc)
             return False
-        except BodyTooLarge as exc:
-            await respond(send, 413, error_body(str(exc)))
         except OwnerLost as exc:
             body_ = error_body(f"the owning process {route.epoch} went away: {exc}")
             await respond(send, 502, body_)
@@ -234,6 +245,7 @@ class ResumptionGuard:
     async def _serve(
         self,
         scope: Scope,
+        body: bytes,
         receive: Receive,
         send: Send,
         sid: SessionId | None,
@@ -252,11 +264,7 @@ class ResumptionGuard:
             call_stream = forwarded and plan.stream_id != STANDALONE_STREAM
         calls: list[str] = []
         if method == "POST":
-            try:
-                body, receive = await _buffered(receive)
-            except BodyTooLarge as exc:
-                await respond(send, 413, error_body(str(exc)))
-                return
+            receive = _replay(body, receive)  # the SDK reads the body the guard has read
             calls, cancelled, work = requests_in(body)
             if work and sid is not None and self.is_draining():
                 await send_rejection(
@@ -378,26 +386,16 @@ def _with_session(headers: Sequence[tuple[bytes, bytes]], local: str) -> list[tu
     ]
 
 
-async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
-    """Read a request body whole and hand the app a ``receive`` that replays it, then passes
-    on whatever comes next (a disconnect). Raises :class:`BodyTooLarge`."""
-    body, pending = await read_body(receive)
-    return body, _replay(body, pending, receive)
-
-
-def _replay(body: bytes, pending: Message | None, receive: Receive) -> Receive:
-    """A ``receive`` that hands out ``body`` whole, then ``pending`` (the message that ended
-    the body early, if any), then whatever ``receive`` brings next."""
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands out ``body`` whole once, then whatever ``receive`` brings next
+    (a disconnect): the app sees the request as the client sent it."""
     replayed = False
 
     async def replay() -> Message:
-        nonlocal replayed, pending
+        nonlocal replayed
         if not replayed:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
-        if pending is not None:
-            message, pending = pending, None
-            return message
         return await receive()
 
     return replay

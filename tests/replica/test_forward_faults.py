@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
-from mcp_epoch._internal.body import MAX_BODY_BYTES, BodyTooLarge
+from mcp_epoch._internal.body import MAX_BODY_BYTES
 from mcp_epoch._internal.forward import Forwarder, OwnerLost, OwnerUnreachable, Route
 from mcp_epoch._internal.snapshot import EpochRecord, EpochSnapshot
 from mcp_epoch._internal.store import EpochEventStore
@@ -128,12 +129,9 @@ async def _forward_one(
             (b"content-length", str(len(body)).encode()),
         ],
     }
-    sent = [{"type": "http.request", "body": body}]
     out = Relayed()
 
-    async def receive() -> dict[str, Any]:
-        if sent:
-            return sent.pop()
+    async def receive() -> dict[str, Any]:  # the body was read: only the client's leaving
         await (leaves or asyncio.Event()).wait()  # the client stays until told otherwise
         return {"type": "http.disconnect"}
 
@@ -141,7 +139,7 @@ async def _forward_one(
         out.messages.append(dict(message))
         on_send(out)
 
-    await forwarder.forward(scope, receive, send, route)
+    await forwarder.forward(scope, body, receive, send, route)
     return out
 
 
@@ -316,15 +314,42 @@ async def test_a_request_without_host_names_the_owners_address() -> None:
     assert f"host: {owner.address}".encode() in owner.requests[0].lower().split(b"\r\n")
 
 
-async def test_a_body_over_the_bound_is_refused_before_any_connection() -> None:
+class OwnerAt(EpochEventStore):
+    """A ledger in which process :data:`OWNER` is live at :attr:`address` (set per test)."""
+
+    address = "127.0.0.1:1"
+
+    def snapshot(self) -> EpochSnapshot:
+        pod = OWNER.pod
+        owner = EpochRecord(str(pod), "live", OWNER.incarnation, self.address)
+        return EpochSnapshot.of(f"{pod.ledger8}-ledger", 7, [owner])
+
+
+def test_a_body_over_the_bound_gets_413_and_reaches_no_one() -> None:
+    """Refused before anything runs: not by the SDK here, and not by the owner of the session
+    it names (nothing connects to it)."""
     listener = socket.create_server(("127.0.0.1", 0))
-    route = Route(OWNER, f"127.0.0.1:{listener.getsockname()[1]}")
     listener.setblocking(False)
-    with listener:
-        with pytest.raises(BodyTooLarge):
-            await _forward_one(Forwarder(), route, body=b" " * (MAX_BODY_BYTES + 1))
+    owner_at = type("OwnerHere", (OwnerAt,), {"address": f"127.0.0.1:{listener.getsockname()[1]}"})
+    oversized = b" " * (MAX_BODY_BYTES + 1)
+    with listener, running(store_cls=owner_at) as server:
+        session = Session(server.url)
+        sessions = (session.sid, f"{OWNER}_{session.sid.split('_', 1)[1]}")
+        with httpx.Client(timeout=10) as http:
+            for sid in ("", *sessions):
+                headers = session.headers(**({"mcp-session-id": sid} if sid else {}))
+                if not sid:
+                    del headers["mcp-session-id"]
+                r = http.post(server.url, content=oversized, headers=headers)
+                assert r.status_code == 413, (sid, r.status_code, r.text)
+                assert r.json()["error"]["message"] == f"request body over {MAX_BODY_BYTES} bytes"
         with pytest.raises(BlockingIOError):
-            listener.accept()  # nothing ever connected
+            listener.accept()  # nothing ever connected to the owner
+        # The session is unharmed: a normal request in it is still served.
+        r = session.http.post(
+            server.url, json=session.body("ping", {}, 9), headers=session.headers()
+        )
+        assert r.status_code == 200, r.text
 
 
 async def test_an_owner_not_listening_did_not_take_the_request() -> None:
