@@ -121,9 +121,15 @@ def _targets(backend: str, results: dict[tuple[str, int], Load]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench service")
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
-    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--backends", default="sqlite,postgres", help="comma-separated")
     parser.add_argument("--quick", action="store_true", help="0.5 s per measurement")
     args = parser.parse_args(argv)
+    backends = args.backends.split(",")
+    unknown = [b for b in backends if b not in ISSUE_TARGETS]
+    if unknown:  # before minutes of measuring, not after
+        parser.error(
+            f"unknown backend {', '.join(unknown)}: choose from {', '.join(ISSUE_TARGETS)}"
+        )
     if args.quick:
         args.seconds = 0.5
     header = (
@@ -132,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     lines, verdicts = [header], []
     with tempfile.TemporaryDirectory(prefix="mcp-epoch-bench-") as tmp:
-        for backend in args.backends.split(","):
+        for backend in backends:
             pg = None
             if backend == "sqlite":
                 url = f"sqlite:///{tmp}/ledger.db"
