@@ -26,7 +26,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +33,11 @@ from pathlib import Path
 import httpx
 
 from bench.loadgen import Load, run
+from bench.servers import start_server
 from bench.stats import cpu_seconds
 from mcp_epoch import api
 from tests.replica.conftest import RawSession, parse_sse
 from tests.support.epochsvc_proc import EpochServiceProcess
-from tests.support.ports import free_port
 
 NS, SERVER = "bench", "guard"
 STORES = ("none", "noop", "epoch")
@@ -46,18 +45,8 @@ MIN_VS_NOOP, MIN_VS_NONE, MAX_ADDED_P99_MS = 0.95, 0.90, 1.0
 
 
 def _start(store: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    port = free_port()
     full = {k: v for k, v in os.environ.items() if not k.startswith("MCP_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.guard_server", f"--store={store}", f"--port={port}"],
-        env={**full, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    if not proc.stdout.readline():
-        raise RuntimeError(f"the {store} server exited with {proc.wait(5)}")
+    proc, port = start_server("bench.guard_server", f"--store={store}", env={**full, **env})
     return proc, f"http://127.0.0.1:{port}/mcp"
 
 

@@ -9,6 +9,10 @@ each waiter's answer arrives, while ``/healthz`` is probed every 10 ms the whole
 readiness probe sees). The service's resident memory is sampled throughout. The baseline is
 the same run with one waiter, measured in the same process of the same run.
 
+Each N is also run against the floor (``bench/longpoll_floor.py``): a bare ASGI app on the same
+uvicorn that wakes all its waiters at once. What it takes is what the server, the loop and the
+kernel take on this machine, so the service's figure over the floor's is the part above them.
+
 Targets: at 10k waiters, wake p99 < 250 ms and /healthz p99 < 50 ms; at 15k, no refused
 connection on default settings and memory < 500 MB.
 """
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import run_longpoll
+from bench.servers import start_server
 from mcp_epoch import api
 from tests.support.epochsvc_proc import EpochServiceProcess
 
@@ -80,6 +85,18 @@ def _one(svc: EpochServiceProcess, waiters: int) -> dict[str, Any]:
     return result
 
 
+def _floor(url: str, waiters: int) -> dict[str, Any]:
+    return run_longpoll(
+        f"{url}/poll",
+        waiters=waiters,
+        trigger_url=f"{url}/change",
+        trigger_body="{}",
+        health_url=f"{url}/healthz",
+        metrics_url=f"{url}/metrics",
+        token="",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench longpoll")
     parser.add_argument("--waiters", default=",".join(map(str, DEFAULT_WAITERS)))
@@ -87,8 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     counts = QUICK_WAITERS if args.quick else tuple(int(n) for n in args.waiters.split(","))
     rows: list[tuple[int, dict[str, Any]]] = []
+    floors: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="mcp-epoch-bench-") as tmp:
         svc = EpochServiceProcess(f"sqlite:///{tmp}/ledger.db", Path(tmp) / "svc.log").start()
+        floor, floor_port = start_server("bench.longpoll_floor")
+        floor_url = f"http://127.0.0.1:{floor_port}"
+        _floor(floor_url, 1)  # warm, as the service is by its one-waiter baseline
         try:
             capacity = next(
                 (
@@ -102,12 +123,18 @@ def main(argv: list[str] | None = None) -> int:
             for n in (1, *counts):
                 print(f"holding {n} long polls...", flush=True)
                 rows.append((n, _one(svc, n)))
+                if n > 1:
+                    print(f"holding {n} long polls on the floor...", flush=True)
+                    floors[n] = _floor(floor_url, n)
         finally:
+            floor.terminate()
+            floor.wait(10)
             svc.stop()
     base = rows[0][1]
     print(
         f"{'waiters':>8} {'held':>6} {'errors':>6} {'wake p50':>9} {'wake p99':>9} "
-        f"{'x base':>7} {'healthz p99':>11} {'x base':>7} {'RSS MB':>7}"
+        f"{'x base':>7} {'healthz p99':>11} {'x base':>7} {'RSS MB':>7} "
+        f"{'floor p99':>9} {'x floor':>7}"
     )
 
     def ratio(value: float, baseline: float) -> str:
@@ -117,10 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     for n, r in rows:
         wake_ratio = ratio(r["wake_p99_ms"], base["wake_p99_ms"])
         health_ratio = ratio(r["health_p99_ms"], base["health_p99_ms"])
+        floor_p99 = floors[n]["wake_p99_ms"] if n in floors else None
         print(
             f"{n:>8} {r['registered']:>6} {r['errors']:>6} {r['wake_p50_ms']:>8.1f}m "
             f"{r['wake_p99_ms']:>8.1f}m {wake_ratio} {r['health_p99_ms']:>10.1f}m "
-            f"{health_ratio} {r['rss_mb']:>7.0f}"
+            f"{health_ratio} {r['rss_mb']:>7.0f} "
+            + (
+                f"{floor_p99:>8.1f}m {ratio(r['wake_p99_ms'], floor_p99)}"
+                if floor_p99 is not None
+                else f"{'-':>9} {'-':>7}"
+            )
         )
         if r.get("first_error"):
             print(f"{'':>8} first error: {r['first_error']}")
@@ -141,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
             f"(0 errors, < 500 MB): {'met' if ok else 'MISSED'}"
         )
     print("\n".join(verdicts) or "(targets are checked at 10k and 15k waiters)")
+    for n, f in sorted(floors.items()):
+        print(
+            f"floor at {n}: a bare ASGI app on the same uvicorn wakes them with p99 "
+            f"{f['wake_p99_ms']:.0f} ms ({f['errors']} errors); the service's wake p99 is "
+            f"{by_n[n]['wake_p99_ms'] / max(f['wake_p99_ms'], 1e-9):.1f}x that"
+        )
     return 0 if all(v.endswith("met") for v in verdicts) else 1
 
 

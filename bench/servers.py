@@ -1,0 +1,30 @@
+"""A benchmark's own server process: started on a free port, ready once it has printed its line.
+
+The benchmark servers here (``bench.guard_server``, ``bench.longpoll_floor``) print one JSON
+line once they listen, so waiting for that line is the readiness check, with no polling.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support.ports import free_port
+
+
+def start_server(
+    module: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], int]:
+    """``python -m module --port=P *args``, once it listens; returns the process and P."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, f"--port={port}", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    if not proc.stdout.readline():
+        raise RuntimeError(f"{module} exited with {proc.wait(5)} before it listened")
+    return proc, port
