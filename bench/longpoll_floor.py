@@ -1,5 +1,5 @@
 """The long-poll benchmark's floor: a bare ASGI app on the same uvicorn, with no framework and no
-store, that holds long polls and wakes them all at once.
+store, that holds long polls and wakes them as the service does.
 
     python -m bench.longpoll_floor --port P
 
