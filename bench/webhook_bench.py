@@ -19,7 +19,6 @@ registered. Measured in one run:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from typing import Any
 
 from mcp_epoch_operator.metrics import WEBHOOK_BUCKETS
 
-from bench.stats import pct
+from bench.stats import cpu_seconds, pct
 from mcp_epoch.contract import SERVER_LABEL
 from tests.cluster.harness import Cluster
 from tests.cluster.kube import ApiException, Kube
@@ -79,19 +78,14 @@ def burst(
             c.close()
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _settled_cpu(pid: int, quiet: float = 0.02, window: float = 1.0, limit: float = 60.0) -> float:
     """The process's CPU seconds once it has gone quiet (under ``quiet`` s of CPU per
     ``window``): the operator has then handled the watch events the pods caused."""
     deadline = time.monotonic() + limit
-    last = _cpu_seconds(pid)
+    last = cpu_seconds(pid)
     while time.monotonic() < deadline:
         time.sleep(window)  # a sampling interval: the CPU counter decides when it is over
-        now = _cpu_seconds(pid)
+        now = cpu_seconds(pid)
         if now - last < quiet:
             return now
         last = now
@@ -170,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             burst(cluster, idle_ns, "other", unlabelled, args.concurrency, {"app": "other"})
             busy = _settled_cpu(pid) - start
             wall = time.monotonic() - t0
-            before = _cpu_seconds(pid)
+            before = cpu_seconds(pid)
             time.sleep(wall)  # the idle baseline: the same wall time with nothing happening
-            idle = _cpu_seconds(pid) - before
+            idle = cpu_seconds(pid) - before
             per = 1000 / unlabelled
             print(f"operator CPU while {unlabelled} unlabelled pods were created and ran")
             print(
