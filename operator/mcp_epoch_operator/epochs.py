@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -89,16 +90,17 @@ async def send_counted(
     """Send ``call``, count its outcome and report whether the service answered (a refusal
     is an answer). Every caller shares this: the reconcile worker on kopf's loop, which keeps
     each McpServer's status, and the webhook on its own thread, which hands it over."""
+    began = time.perf_counter()
     try:
         result = await svc.send(call, policy)
     except EpochServiceUnavailable as exc:
-        metrics.service_call(call.name, "unavailable")
+        metrics.service_call(call.name, "unavailable", began)
         reachable(False, str(exc))
         raise
     except EpochServiceError:
-        metrics.service_call(call.name, "refused")
+        metrics.service_call(call.name, "refused", began)
         reachable(True, "")
         raise
-    metrics.service_call(call.name, "ok")
+    metrics.service_call(call.name, "ok", began)
     reachable(True, "")
     return result

@@ -3,7 +3,8 @@
 What a platform team needs to see when pods are slow to admit or epochs lag their pods: how
 long the webhook takes (buckets from 1 ms, fine enough to tell the epoch service's few
 milliseconds from the operator's own time), how reconciles go, and how the epoch service
-answers (by call and outcome, plus the attempts repeated after an outage).
+answers (by call and outcome, how long the operator waited for it, plus the attempts repeated
+after an outage).
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ class OperatorMetrics:
             ["call", "outcome"],
             registry=self.registry,
         )
+        self.service_seconds = Histogram(
+            "mcp_epoch_operator_epoch_service_seconds",
+            "Time the operator waited for the epoch service per call, retries included, by "
+            "call and outcome (the webhook's issue is part of its admission time).",
+            ["call", "outcome"],
+            buckets=WEBHOOK_BUCKETS,
+            registry=self.registry,
+        )
         self._retries = _Retries()
         self.registry.register(self._retries)
 
@@ -105,8 +114,10 @@ class OperatorMetrics:
         """One webhook call, from ``began`` (``time.perf_counter()``) until now."""
         self.webhook.labels(outcome).observe(time.perf_counter() - began)
 
-    def service_call(self, call: str, outcome: ServiceOutcome) -> None:
+    def service_call(self, call: str, outcome: ServiceOutcome, began: float) -> None:
+        """One epoch service call, sent at ``began`` (``time.perf_counter()``), ended now."""
         self.service_calls.labels(call, outcome).inc()
+        self.service_seconds.labels(call, outcome).observe(time.perf_counter() - began)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """``/metrics`` on ``addr:port`` (a daemon thread: nothing of it runs on kopf's loop)."""

@@ -249,6 +249,19 @@ def test_a_labelled_pod_gets_its_epoch_and_a_retry_the_same_one(
         "mcp_epoch_operator_epoch_service_calls_total", {"call": "issue", "outcome": "ok"}
     )
     assert calls == 3
+    # How long each waited for the service: part of, and never more than, its admission.
+    waited, admitted = (
+        metrics.registry.get_sample_value(name, labels)
+        for name, labels in (
+            ("mcp_epoch_operator_epoch_service_seconds_sum", {"call": "issue", "outcome": "ok"}),
+            ("mcp_epoch_operator_webhook_seconds_sum", {"outcome": "issued"}),
+        )
+    )
+    assert waited is not None and admitted is not None and 0 < waited <= admitted
+    count = metrics.registry.get_sample_value(
+        "mcp_epoch_operator_epoch_service_seconds_count", {"call": "issue", "outcome": "ok"}
+    )
+    assert count == 3
 
 
 def test_the_answer_does_not_wait_for_the_operators_loop(
