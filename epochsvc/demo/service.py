@@ -17,9 +17,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from mcp_epoch.api_client import EpochServiceClient
+from mcp_epoch.api_client import EpochServiceClient, RetryPolicy
 
 _LISTEN = re.compile(r"listening on (http://\S+)")
+#: The demo's lifecycle calls: attempts of up to 10 s each, retried for up to 30 s.
+LIFECYCLE_RETRIES = RetryPolicy(deadline=30.0, attempt_timeout=10.0)
 
 
 class EpochService:
@@ -77,5 +79,9 @@ class EpochService:
             proc.wait(5)
 
     def client(self) -> EpochServiceClient:
-        """An operator-credentialed client for the lifecycle calls."""
-        return EpochServiceClient(self.url, self.operator_token, timeout=10.0)
+        """An operator-credentialed client for the lifecycle calls, retrying an attempt that
+        got no answer, as the operator does. Every one of them is legal to repeat (an issue by
+        its request UID, a bind of the same pod, a drain or a retire again). Without retries, a
+        pooled connection the service closed as idle just as a call went out on it (its
+        keep-alive timeout, met on a busy machine) failed a whole demo run with a ReadError."""
+        return EpochServiceClient(self.url, self.operator_token, policy=LIFECYCLE_RETRIES)
