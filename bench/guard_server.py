@@ -24,6 +24,7 @@ from mcp.server.streamable_http import EventCallback, EventStore
 from mcp_types import JSONRPCMessage
 
 import mcp_epoch
+from bench.servers import run_announcing
 
 mcp = MCPServer("guard-bench")
 
@@ -64,14 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     store = NoopEventStore() if args.store == "noop" else None
     server = uvicorn.Server(uvicorn.Config(mcp.streamable_http_app(event_store=store), **options))
-    original = server.startup
-
-    async def startup(sockets: object = None) -> None:
-        await original(sockets)  # type: ignore[arg-type]
-        announce()
-
-    server.startup = startup  # type: ignore[method-assign]
-    server.run()
+    run_announcing(server, announce)
     return 0
 
 

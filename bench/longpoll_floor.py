@@ -22,6 +22,7 @@ from typing import Any
 
 import uvicorn
 
+from bench.servers import run_announcing
 from epochsvc.service.longpoll import WAKE_BATCH
 from epochsvc.service.serve import LISTEN_BACKLOG, raise_open_files_limit
 
@@ -96,15 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="off",
         backlog=LISTEN_BACKLOG,
     )
-    server = uvicorn.Server(config)
-    original = server.startup
-
-    async def startup(sockets: Any = None) -> None:
-        await original(sockets)
-        print(json.dumps({"port": args.port}), flush=True)
-
-    server.startup = startup  # type: ignore[method-assign]
-    server.run()
+    run_announcing(
+        uvicorn.Server(config), lambda: print(json.dumps({"port": args.port}), flush=True)
+    )
     return 0
 
 

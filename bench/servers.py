@@ -1,13 +1,18 @@
 """A benchmark's own server process: started on a free port, ready once it has printed its line.
 
 The benchmark servers here (``bench.guard_server``, ``bench.longpoll_floor``) print one JSON
-line once they listen, so waiting for that line is the readiness check, with no polling.
+line once they listen (:func:`run_announcing`), so waiting for that line is the readiness check,
+with no polling.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
 
 from tests.support.ports import free_port
 
@@ -28,3 +33,15 @@ def start_server(
     if not proc.stdout.readline():
         raise RuntimeError(f"{module} exited with {proc.wait(5)} before it listened")
     return proc, port
+
+
+def run_announcing(server: uvicorn.Server, announce: Callable[[], None]) -> None:
+    """Run ``server``, calling ``announce`` (which prints the line) once it listens."""
+    original = server.startup
+
+    async def startup(sockets: Any = None) -> None:
+        await original(sockets)
+        announce()
+
+    server.startup = startup  # type: ignore[method-assign]
+    server.run()
