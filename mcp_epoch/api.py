@@ -15,7 +15,14 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from mcp_epoch.contract import DNS1123_LABEL_PATTERN, LEDGER_PREFIX_LEN, UID_PATTERN, State
+from mcp_epoch.contract import (
+    DNS1123_LABEL_PATTERN,
+    LEDGER_PREFIX_LEN,
+    MAX_PROCESS_EPOCH_LEN,
+    PROCESS_EPOCH_PATTERN,
+    UID_PATTERN,
+    State,
+)
 
 K8sName = Annotated[
     str, StringConstraints(pattern=rf"^{DNS1123_LABEL_PATTERN}$", min_length=1, max_length=63)
@@ -67,6 +74,22 @@ class IncarnationRequest(_Strict):
     pod_uid: Uid | None = None
 
 
+ProcessEpochText = Annotated[
+    str, StringConstraints(pattern=rf"^{PROCESS_EPOCH_PATTERN}$", max_length=MAX_PROCESS_EPOCH_LEN)
+]
+
+
+class HandoffRequest(_Strict):
+    successor: ProcessEpochText = Field(
+        description="the live process (of the same server, in another pod) that takes this "
+        "process's sessions"
+    )
+    pod_uid: Uid | None = Field(
+        default=None,
+        description="with the shared replica token: the UID of the pod the epoch is bound to",
+    )
+
+
 class Epoch(BaseModel):
     """A pod epoch as the ledger holds it. Answers may carry fields a newer service added;
     they are ignored, not refused."""
@@ -86,6 +109,14 @@ class Epoch(BaseModel):
         min_length=1,
         max_length=300,
         description="host:port the pod serves on, for forwarding; or null",
+    )
+    successor: str | None = Field(
+        default=None,
+        description="the handoff rule: the process epoch that took the sessions of process "
+        "`successor_of` of this pod epoch; or null",
+    )
+    successor_of: int | None = Field(
+        default=None, ge=0, description="the incarnation whose sessions went to `successor`"
     )
     created_at: float
     updated_at: float
@@ -226,6 +257,12 @@ def register_incarnation(
     body = IncarnationRequest(pod_name=pod_name, pod_uid=pod_uid)
     path = f"/v1/epochs/{_seg(pod_epoch)}/incarnations"
     return Call("register_incarnation", "POST", path, Incarnation, body)
+
+
+def record_handoff(process_epoch: str, successor: str, pod_uid: str | None = None) -> Call[Epoch]:
+    """Process ``process_epoch`` hands its sessions to the live process ``successor``."""
+    body = HandoffRequest(successor=successor, pod_uid=pod_uid)
+    return Call("record_handoff", "PUT", f"/v1/epochs/{_seg(process_epoch)}/successor", Epoch, body)
 
 
 def get_epoch(epoch: str) -> Call[EpochLookup]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 
 class State(StrEnum):
@@ -109,4 +110,68 @@ def check_owner(epoch: str, bound_uid: str | None, claimed_uid: str) -> None:
     if bound_uid != claimed_uid:
         raise LifecycleError(
             "not-your-epoch", f"epoch {epoch} is not bound to the calling pod", status=403
+        )
+
+
+#: States in which a process may hand its sessions on (it is draining, or about to be).
+HANDOFF_STATES: Final = frozenset({State.LIVE, State.DRAINING})
+
+
+def check_handoff(
+    epoch: str,
+    state: State,
+    newest: int | None,
+    incarnation: int,
+    recorded: tuple[str | None, int | None],
+    successor: str,
+) -> bool:
+    """May process ``incarnation`` of ``epoch`` (in ``state``, whose newest incarnation is
+    ``newest``, with the rule ``recorded`` = (successor, successor_of)) record that its sessions
+    go to ``successor``? False: that very rule is recorded already (a no-op). The successor's
+    own checks are :func:`check_successor`'s."""
+    if state not in HANDOFF_STATES:
+        raise LifecycleError(
+            "illegal-transition",
+            f"epoch {epoch} is {state.value}: only a live or draining process hands sessions on",
+        )
+    if newest is None or incarnation != newest:
+        raise LifecycleError(
+            "stale-incarnation",
+            f"process {epoch}.{incarnation} is not the newest process of {epoch}",
+        )
+    if recorded == (successor, incarnation):
+        return False
+    if recorded[0] is not None:
+        raise LifecycleError(
+            "handoff-recorded",
+            f"process {epoch}.{recorded[1]} already hands its sessions to {recorded[0]}; "
+            "a rule is recorded once",
+        )
+    return True
+
+
+def check_successor(
+    epoch: str,
+    server: tuple[str, str],
+    successor: str,
+    successor_server: tuple[str, str],
+    successor_state: State,
+    successor_newest: int | None,
+    successor_incarnation: int,
+) -> None:
+    """Sessions go only to a live process (the newest of its pod) of the same server, in
+    another pod."""
+    if successor.rsplit(".", 1)[0] == epoch:
+        raise LifecycleError("illegal-handoff", f"{successor} is a process of {epoch} itself")
+    if successor_server != server:
+        raise LifecycleError(
+            "illegal-handoff",
+            f"{successor} serves another server: sessions move only within one server",
+            status=403,
+        )
+    if successor_state is not State.LIVE or successor_newest != successor_incarnation:
+        raise LifecycleError(
+            "illegal-handoff",
+            f"{successor} is not a live process (its epoch is {successor_state.value}); "
+            "pick a live peer from the server's epochs",
         )

@@ -23,6 +23,8 @@ def fields_of(r: EpochRecord) -> dict[str, Any]:
         "process_epoch": r.process_epoch,
         "revision": r.revision,
         "address": r.address,
+        "successor": r.successor,
+        "successor_of": r.successor_of,
         "created_at": r.created_at,
         "updated_at": r.updated_at,
     }

@@ -16,6 +16,7 @@ from epochsvc.service.deps import (
     json_body,
     parse_any_epoch,
 )
+from epochsvc.service.errors import ApiError
 from epochsvc.service.lifecycle import Action, State
 from epochsvc.service.models import epoch_of, fields_of
 from epochsvc.service.store.base import UnknownEpoch
@@ -24,6 +25,7 @@ from mcp_epoch.api import (
     Epoch,
     EpochLookup,
     ErrorBody,
+    HandoffRequest,
     Incarnation,
     IncarnationRequest,
     IssueRequest,
@@ -134,6 +136,34 @@ async def register_incarnation(
         incarnation=record.incarnation,
         epoch=epoch_of(shown(record, caller)),
     )
+
+
+@router.put("/{epoch}/successor", response_model=Epoch)
+async def record_handoff(
+    epoch: EpochPath,
+    body: HandoffRequest,
+    store: Store,
+    notifier: Notifier,
+    rules: Rules,
+    caller: AnyCaller,
+) -> Epoch:
+    """A draining process (its process epoch) hands its sessions to a live peer of the same
+    server, in another pod: one rule per process, recorded once (the same rule again is a
+    no-op, another one 409 ``handoff-recorded``). A pod records it only for itself."""
+    parsed = parse_any_epoch(store, epoch)
+    if not isinstance(parsed, ProcessEpoch):
+        raise ApiError(
+            422, "malformed-epoch", f"{epoch} is a pod epoch; name the process that hands on"
+        )
+    uid = await rules.incarnation_uid(caller, body.pod_uid)
+    record = await store.record_handoff(
+        parsed.pod.generation,
+        parsed.incarnation,
+        ProcessEpoch.parse(body.successor),
+        pod_uid=uid,
+    )
+    notifier.notify_server(record.namespace, record.server)
+    return epoch_of(shown(record, caller))
 
 
 @router.get("/{epoch}", response_model=EpochLookup)

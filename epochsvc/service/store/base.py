@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from epochsvc.service.keyring import Holder, Ring, Step
 from epochsvc.service.lifecycle import Action, State
+from mcp_epoch.contract import ProcessEpoch
 
 
 class UnknownEpoch(LookupError):
@@ -37,6 +38,10 @@ class EpochRecord:
     created_at: float
     updated_at: float
     address: str | None = None  # host:port the pod serves on, written by the operator
+    #: The handoff rule: the sessions of incarnation ``successor_of`` went to the process
+    #: epoch ``successor`` (recorded once, by that process itself, while it drained).
+    successor: str | None = None
+    successor_of: int | None = None
 
     @property
     def epoch(self) -> str:
@@ -118,6 +123,20 @@ class EpochStore(abc.ABC):
         """The next incarnation. ``owner_only``: the epoch must already be bound to
         ``pod_uid`` (a pod registering for itself); else a ``pod_uid`` given must not
         contradict the binding, nor a ``pod_name``."""
+
+    @abc.abstractmethod
+    async def record_handoff(
+        self,
+        generation: int,
+        incarnation: int,
+        successor: ProcessEpoch,
+        *,
+        pod_uid: str | None = None,
+    ) -> EpochRecord:
+        """Process ``incarnation`` of this pod epoch hands its sessions to ``successor``: a
+        live process of the same server in another pod. Recorded once; the same rule again is
+        a no-op, another one ``handoff-recorded``. ``pod_uid`` (a pod acting for itself): the
+        epoch must be bound to it."""
 
     @abc.abstractmethod
     async def bound_to(self, pod_uid: str) -> EpochRecord | None:

@@ -74,6 +74,8 @@ def issue_all(conn: Connection, requests: list[IssueRequest]) -> list[Issued]:
                 "pod_uid": None,
                 "incarnation": None,
                 "address": None,
+                "successor": None,
+                "successor_of": None,
                 "revision": revision,
                 "created_at": now,
                 "updated_at": now,

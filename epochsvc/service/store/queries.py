@@ -65,6 +65,8 @@ def to_record(row: Any, ledger8: str) -> EpochRecord:
         created_at=float(row.created_at),
         updated_at=float(row.updated_at),
         address=row.address,
+        successor=row.successor,
+        successor_of=None if row.successor_of is None else int(row.successor_of),
     )
 
 

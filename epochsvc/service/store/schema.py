@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from mcp_epoch.contract import MAX_PROCESS_EPOCH_LEN
+
 metadata = sa.MetaData()
 ADDRESS_MAX_LEN = 300
+PROCESS_EPOCH_MAX_LEN = MAX_PROCESS_EPOCH_LEN
 #: The single row of ``ledger``.
 LEDGER_ROW = 1
 
@@ -34,6 +37,11 @@ epochs_table = sa.Table(
     sa.Column("incarnation", sa.BigInteger),
     # Since 0.2 (migration 0002): where the pod serves, for forwarding to a session's owner.
     sa.Column("address", sa.String(ADDRESS_MAX_LEN)),
+    # Since 0.4 (migration 0004): the handoff rule of this pod's process ``successor_of``
+    # (an incarnation): its sessions went to the process epoch ``successor``. One rule per
+    # process, not a row per session, so the live view stays as small as the fleet.
+    sa.Column("successor", sa.String(PROCESS_EPOCH_MAX_LEN)),
+    sa.Column("successor_of", sa.BigInteger),
     sa.Column("revision", sa.BigInteger, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),

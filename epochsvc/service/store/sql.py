@@ -28,8 +28,10 @@ from epochsvc.service.lifecycle import (
     Action,
     LifecycleError,
     State,
+    check_handoff,
     check_incarnation,
     check_owner,
+    check_successor,
     plan,
 )
 from epochsvc.service.store import migrate, queries, rings
@@ -57,7 +59,7 @@ from epochsvc.service.store.issuing import IssueRequest
 from epochsvc.service.store.mirror import LedgerMirror
 from epochsvc.service.store.ring_operations import RingOperations
 from epochsvc.service.store.schema import LEDGER_ROW, epochs_table, ledger_table
-from mcp_epoch.contract import FALLBACK_INCARNATION_MIN
+from mcp_epoch.contract import FALLBACK_INCARNATION_MIN, ProcessEpoch
 
 log = logging.getLogger("epochsvc.store")
 
@@ -309,6 +311,57 @@ class SqlEpochStore(RingOperations, EpochStore):
                     "incarnations-exhausted", f"epoch {current.epoch} has no incarnations left"
                 )
             return queries.update(conn, generation, revision, self.ledger8, incarnation=nxt)
+
+        return await self._write(op)
+
+    async def record_handoff(
+        self,
+        generation: int,
+        incarnation: int,
+        successor: ProcessEpoch,
+        *,
+        pod_uid: str | None = None,
+    ) -> EpochRecord:
+        def op(conn: Connection) -> EpochRecord:
+            revision, _ = queries.bump(conn)
+            current = queries.fetch(conn, generation, self.ledger8)
+            if pod_uid is not None:
+                check_owner(current.epoch, current.pod_uid, pod_uid)
+            try:
+                if successor.pod.ledger8 != self.ledger8:
+                    raise UnknownEpoch(str(successor))
+                target = queries.fetch(conn, successor.pod.generation, self.ledger8)
+            except UnknownEpoch:
+                raise LifecycleError(
+                    "illegal-handoff", f"{successor} was never issued by this ledger"
+                ) from None
+            recorded = (current.successor, current.successor_of)
+            if not check_handoff(
+                current.epoch,
+                current.state,
+                current.incarnation,
+                incarnation,
+                recorded,
+                str(successor),
+            ):
+                raise NoChange(current)
+            check_successor(
+                current.epoch,
+                (current.namespace, current.server),
+                str(successor),
+                (target.namespace, target.server),
+                target.state,
+                target.incarnation,
+                successor.incarnation,
+            )
+            return queries.update(
+                conn,
+                generation,
+                revision,
+                self.ledger8,
+                successor=str(successor),
+                successor_of=incarnation,
+            )
 
         return await self._write(op)
 
