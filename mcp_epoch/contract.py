@@ -59,6 +59,9 @@ ENV_POD_NAME: Final = "MCP_POD_NAME"
 ENV_POD_UID: Final = "MCP_POD_UID"
 ENV_BUFFER: Final = "MCP_RESUME_BUFFER_EVENTS"
 ENV_DRAIN: Final = "MCP_EPOCH_DRAIN_SECONDS"
+#: ``off``: a draining process hands no session on (for a server whose tools keep per-session
+#: state in process memory, which does not move); anything else, or unset: on.
+ENV_HANDOFF: Final = "MCP_EPOCH_HANDOFF"
 #: How often a replica looks for a new revision of its server's request-state ring.
 ENV_RING_REFRESH: Final = "MCP_EPOCH_RING_REFRESH_SECONDS"
 #: Every variable the operator injects (the CRD forbids them in ``spec.env``).
@@ -73,6 +76,7 @@ INJECTED_ENV: Final = (
     ENV_POD_UID,
     ENV_BUFFER,
     ENV_DRAIN,
+    ENV_HANDOFF,
 )
 
 # --- what a probe and Prometheus read from an epoch-safe server -------------------------------
@@ -119,6 +123,15 @@ FORWARDED_BY_HEADER: Final = "mcp-epoch-forwarded-by"
 #: it, as for a forwarded POST, because the owner counts the call delivered once it wrote the
 #: answer to the relay.
 CALL_STREAM_HEADER: Final = "mcp-epoch-call-stream"
+#: Response header of a process's 421 to a forwarded request of a session it handed on: the
+#: process epoch that holds the session now (the forwarding replica sends it there instead).
+MOVED_TO_HEADER: Final = "mcp-epoch-moved-to"
+#: Where a process takes the sessions a draining peer of its server hands it (``POST``, one
+#: JSON document; see the library's handover module). Never reached through a balancer.
+HANDOFF_PATH: Final = "/.well-known/mcp-epoch/handoff"
+#: Request header of a hand-on: the process epoch handing its sessions on. The receiver takes
+#: them only if the ledger's handoff rule names it as that process's successor.
+HANDOFF_FROM_HEADER: Final = "mcp-epoch-handoff-from"
 #: Session IDs minted through the guard: ``<process epoch>_<32 hex digits>`` (visible ASCII, as
 #: the Streamable HTTP transport requires; the hex part is the SDK's own unguessable ID).
 SESSION_SEPARATOR: Final = "_"

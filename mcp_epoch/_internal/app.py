@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import anyio
 
 from mcp_epoch._internal import unfinished
+from mcp_epoch._internal.adopt import Adopter
 from mcp_epoch._internal.config import ReplicaConfig
 from mcp_epoch._internal.guard import (
     ASGIApp,
@@ -31,14 +32,16 @@ from mcp_epoch._internal.guard import (
     error_body,
     respond,
 )
+from mcp_epoch._internal.handoff import Handoff
 from mcp_epoch._internal.health import Health
 from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.keyring import follower
 from mcp_epoch._internal.listen import end_listens_on_drain
 from mcp_epoch._internal.liveview import LiveEpochView
 from mcp_epoch._internal.process import ProcessStart, start_process_epoch
+from mcp_epoch._internal.snapshot import EpochSnapshot
 from mcp_epoch._internal.store import NOT_STARTED, EpochEventStore
-from mcp_epoch.contract import METRICS_PATH, READY_PATH, ProcessEpoch
+from mcp_epoch.contract import HANDOFF_PATH, METRICS_PATH, READY_PATH, ProcessEpoch
 
 log = logging.getLogger("mcp_epoch")
 
@@ -71,11 +74,20 @@ class StreamableServer(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DrainResult:
-    """What a drain waited for: calls in flight when it began, left at its end, and its time."""
+    """What a drain waited for: calls in flight when it began, left at its end, and its time;
+    the sessions it handed on and those it could not (they ended with the process); and, when
+    the deadline ended it, the work that held it (request id, answered)."""
 
     in_flight: int
     abandoned: int
     seconds: float
+    handed: int = 0
+    kept: int = 0
+    held_by: tuple[tuple[str, bool], ...] = ()
+
+    @property
+    def hit_deadline(self) -> bool:
+        return bool(self.abandoned or self.held_by)
 
 
 class EpochSafeApp:
@@ -99,6 +111,23 @@ class EpochSafeApp:
         )
         inner: ASGIApp = server.streamable_http_app(event_store=self.store, **http_app_options)
         self._guard = ResumptionGuard(inner, self.store, inflight=self.inflight)
+        self._guard.handoff = self.handoff = Handoff(
+            config=self.config,
+            registry=self._guard.sessions,
+            inflight=self.inflight,
+            buffer=lambda: self.store.buffer,
+            epoch=lambda: self.store.epoch,
+            snapshot=self.store.snapshot,
+            to_json=self.store.message_json,
+            enabled=self.config.handoff,
+        )
+        self._adopter = Adopter(
+            inner,
+            self._guard.sessions,
+            epoch=lambda: self.store.epoch,
+            snapshot=self.store.snapshot,
+            wait_view=self._wait_view,
+        )
         self._end_listens = end_listens_on_drain(server, self._guard.is_draining)
         self._first_sync_timeout = first_sync_timeout
         self.process_start: ProcessStart | None = None
@@ -140,6 +169,14 @@ class EpochSafeApp:
                 self.view.last_error,
             )
 
+    async def _wait_view(self, predicate: Callable[[EpochSnapshot], bool], limit: float) -> bool:
+        """Wait (off the event loop) until this process's copy of the ledger satisfies
+        ``predicate``; False at once without a copy."""
+        view = self.view
+        if view is None:
+            return False
+        return await anyio.to_thread.run_sync(view.wait_for, predicate, limit)
+
     @property
     def forwarded(self) -> int:
         """Requests this process handed to their owners so far."""
@@ -151,12 +188,15 @@ class EpochSafeApp:
         """Take no new sessions or calls, and wait until the calls in flight are delivered.
 
         ``deadline`` defaults to ``MCP_EPOCH_DRAIN_SECONDS``. New sessions go to a live peer
-        (or are served here when there is none); new calls on this process's sessions are
+        (or are served here when there is none). This process's sessions are handed on to a
+        live peer (:mod:`mcp_epoch._internal.handoff`), each once nothing of it is in flight,
+        and a new call on one follows it there; where no session can move, new calls are
         rejected before they start, so clients move to a fresh session. Requests this process
-        forwards count as in flight until their relay ends. Once nothing is in flight,
-        ``stop_accepting()`` (the server closing its listener) runs and the drain waits again
-        for what arrived in between, so nothing accepted is cut at exit. Returns what was
-        left in flight at the deadline (0 after a clean drain).
+        forwards count as in flight until their relay ends. Once nothing is in flight and
+        every session that can move has, ``stop_accepting()`` (the server closing its
+        listener) runs and the drain waits again for what arrived in between, so nothing
+        accepted is cut at exit. Returns what was left in flight at the deadline (0 after a
+        clean drain).
         """
         limit = self.config.drain_seconds if deadline is None else deadline
         self._guard.draining = True
@@ -170,12 +210,23 @@ class EpochSafeApp:
             relays,
             limit,
         )
-        with anyio.move_on_after(limit):
+        handoff = self.handoff
+        with anyio.move_on_after(limit) as deadline_scope:
+            await handoff.hand_on_all()
             await self.inflight.wait_idle()
             if stop_accepting is not None:
                 stop_accepting()
+                await handoff.hand_on_all()
                 await self.inflight.wait_idle()
-        result = DrainResult(waiting, len(self.inflight), time.monotonic() - began)
+        kept = sum(1 for t in self._guard.sessions.tags() if t.moved_to is None)
+        result = DrainResult(
+            waiting,
+            len(self.inflight),
+            time.monotonic() - began,
+            handed=handoff.handed,
+            kept=kept if handoff.successor is not None else 0,
+            held_by=tuple(self.inflight.pending()) if deadline_scope.cancelled_caught else (),
+        )
         self.last_drain = result
         cut = self._guard.forwarder.cut_relays()  # endless GET streams, and any late POST
         if cut:
@@ -188,7 +239,12 @@ class EpochSafeApp:
                 self.inflight.pending()[:10],
             )
         else:
-            log.info("drained in %.2fs (%d in flight at the start)", result.seconds, waiting)
+            log.info(
+                "drained in %.2fs (%d in flight at the start, %d sessions handed on)",
+                result.seconds,
+                waiting,
+                result.handed,
+            )
         return result
 
     def _closing_when_draining(self, send: Send) -> Send:
@@ -229,6 +285,10 @@ class EpochSafeApp:
             forwarded=self.forwarded,
             registered=bool(self.process_start and self.process_start.registered),
             ring=follower(),
+            handed=self.handoff.handed,
+            adopted=self._adopter.adopted,
+            served_handed=self._guard.served_handed,
+            tail_replays=self._guard.tail_replays,
         )
 
     async def _probe(self, path: str, send: Send) -> None:
@@ -255,6 +315,9 @@ class EpochSafeApp:
             return
         if scope["type"] == "http" and not self.store.bound:
             await respond(send, 503, error_body(NOT_STARTED, code=INTERNAL_ERROR))
+            return
+        if scope["type"] == "http" and scope["path"] == HANDOFF_PATH:
+            await self._adopter(scope, receive, send)
             return
         if scope["type"] == "http":
             await self._guard(scope, receive, self._closing_when_draining(send))

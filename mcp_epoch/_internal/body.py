@@ -21,9 +21,9 @@ class BodyTooLarge(Exception):
     """The body is over :data:`MAX_BODY_BYTES`; nothing of it is kept."""
 
 
-async def read_body(receive: Receive) -> tuple[bytes, Message | None]:
+async def read_body(receive: Receive, limit: int = MAX_BODY_BYTES) -> tuple[bytes, Message | None]:
     """The body, and the message that ended it early (a disconnect), or None when it
-    arrived whole. Raises :class:`BodyTooLarge`."""
+    arrived whole. Raises :class:`BodyTooLarge` past ``limit`` bytes."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -32,8 +32,8 @@ async def read_body(receive: Receive) -> tuple[bytes, Message | None]:
             return b"".join(chunks), message
         chunk = bytes(message.get("body", b""))
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise BodyTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
+        if size > limit:
+            raise BodyTooLarge(f"request body over {limit} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks), None

@@ -100,3 +100,13 @@ class ReplayBuffer:
             and ev.stream_id == stream_id
             and ev.owner == owner
         ]
+
+    def by_owner(self, owners: set[Hashable]) -> dict[Hashable, list[BufferedEvent]]:
+        """Every buffered event (priming events too) of each of ``owners``, in seq order: one
+        pass over the ring, however many sessions hand on at once."""
+        out: dict[Hashable, list[BufferedEvent]] = {o: [] for o in owners}
+        for seq in range(self.oldest_seq, self._next_seq):
+            ev = self._slots[seq % self._capacity]
+            if ev is not None and ev.owner in out:
+                out[ev.owner].append(ev)
+        return out

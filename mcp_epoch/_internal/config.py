@@ -15,6 +15,7 @@ from mcp_epoch.contract import (
     ENV_BUFFER,
     ENV_DRAIN,
     ENV_EPOCH,
+    ENV_HANDOFF,
     ENV_NAMESPACE,
     ENV_POD_NAME,
     ENV_POD_UID,
@@ -62,6 +63,16 @@ def drain_from_env(env: Mapping[str, str]) -> float:
     return seconds_from_env(env, ENV_DRAIN, DEFAULT_DRAIN_SECONDS)
 
 
+def handoff_from_env(env: Mapping[str, str]) -> bool:
+    """Read ``MCP_EPOCH_HANDOFF``: ``off`` (or ``false``, ``0``, ``no``) turns handoff off."""
+    value = (_get(env, ENV_HANDOFF) or "on").lower()
+    if value in ("off", "false", "0", "no"):
+        return False
+    if value not in ("on", "true", "1", "yes"):
+        log.warning("%s=%r is neither on nor off: handoff stays on", ENV_HANDOFF, value)
+    return True
+
+
 def _get(env: Mapping[str, str], key: str) -> str | None:
     value = env.get(key)
     return value.strip() or None if value is not None else None
@@ -82,6 +93,8 @@ class ReplicaConfig:
     service_token_file: str | None = None
     #: How often the request-state ring is looked at (``MCP_EPOCH_RING_REFRESH_SECONDS``).
     ring_refresh_seconds: float = DEFAULT_RING_REFRESH_SECONDS
+    #: Whether a draining process hands its sessions on (``MCP_EPOCH_HANDOFF``, default on).
+    handoff: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ReplicaConfig:
@@ -101,6 +114,7 @@ class ReplicaConfig:
             ring_refresh_seconds=seconds_from_env(
                 e, ENV_RING_REFRESH, DEFAULT_RING_REFRESH_SECONDS, zero=False
             ),
+            handoff=handoff_from_env(e),
         )
 
     def credential(self) -> str | None:

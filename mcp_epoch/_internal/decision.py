@@ -1,4 +1,5 @@
-"""THE resume decision: one pure function of (cursor, own epoch, buffer, live view, session).
+"""THE resume decision: one pure function of (cursor, own epoch, buffer, live view, session),
+and its refinement for sessions handed over from another process (:func:`decide_handed`).
 
 Nothing here does I/O or reads a clock, so the guard, the store and the property tests all run
 the very same rule (docs/design.md, "The resume decision").
@@ -6,7 +7,8 @@ the very same rule (docs/design.md, "The resume decision").
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import bisect
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from mcp_epoch._internal.buffer import BufferedEvent, ReplayBuffer
@@ -17,6 +19,7 @@ from mcp_epoch._internal.errors import (
     ResumptionRejected,
 )
 from mcp_epoch._internal.eventid import EventId
+from mcp_epoch._internal.handover import Tail, TailEvent
 from mcp_epoch._internal.snapshot import EpochSnapshot
 from mcp_epoch.contract import ProcessEpoch
 
@@ -91,3 +94,43 @@ def decide(
     upto = buffer.next_seq
     events = tuple(buffer.matching(event_id.seq, owner, event.stream_id, upto))
     return ReplayPlan(event_id, event.stream_id, events, upto)
+
+
+@dataclass(frozen=True, slots=True)
+class TailPlan:
+    """Accepted from a handed-over tail: send ``events`` of ``tail`` on ``stream_id``; the
+    stream ended (a call's answer is among them or before the cursor) or goes on live under
+    the new owner's IDs (the standalone stream)."""
+
+    cursor: EventId
+    tail: Tail
+    stream_id: str
+    events: tuple[TailEvent, ...]
+
+
+def decide_handed(cursor: EventId, tails: Sequence[Tail]) -> TailPlan:
+    """The resume decision for a cursor of an earlier owner of a session this process holds now.
+
+    The cursor is served only from that owner's own tail, under its own IDs, and only when the
+    tail provably holds everything after it: the cursor's own event is in the tail (so is
+    every later event of the session, by how a tail is made). A cursor below the tail is a
+    ``gap``; one of an owner that handed this session nothing, or of another session, is
+    ``unknown``. Nothing is re-numbered, mapped or clamped.
+    """
+    tail = next((t for t in tails if t.epoch == cursor.epoch), None)
+    if tail is None:
+        raise ResumptionEpochMismatch(
+            "unknown", f"process {cursor.epoch} handed this session nothing"
+        )
+    if cursor.seq < tail.oldest:
+        raise ResumptionGap(
+            f"event {cursor.seq} of {tail.epoch} was evicted before the session was handed on "
+            f"(its tail starts at {tail.oldest})"
+        )
+    seqs = [e.seq for e in tail.events]
+    at = bisect.bisect_left(seqs, cursor.seq)
+    if at == len(seqs) or seqs[at] != cursor.seq:
+        raise ResumptionRejected("unknown", "the cursor is not from this session")
+    stream = tail.events[at].stream_id
+    after = tuple(e for e in tail.events[at + 1 :] if e.stream_id == stream and e.data is not None)
+    return TailPlan(cursor, tail, stream, after)

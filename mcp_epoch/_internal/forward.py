@@ -32,6 +32,7 @@ from mcp_epoch.contract import (
     CALL_STREAM_HEADER,
     FORWARDED_BY_HEADER,
     FORWARDED_TO_HEADER,
+    MOVED_TO_HEADER,
     PodEpoch,
     ProcessEpoch,
 )
@@ -94,6 +95,37 @@ def route_to(view: EpochSnapshot, target: ProcessEpoch) -> Route | None:
     return Route(target, rec.address)
 
 
+#: The longest chain of handoffs followed for one session (each move is one drained process).
+MAX_MOVES: Final = 16
+
+
+def successor_of(view: EpochSnapshot, epoch: ProcessEpoch) -> ProcessEpoch | None:
+    """The process the ledger's handoff rule says took the sessions of ``epoch``, if any."""
+    rec = view.epochs.get(str(epoch.pod))
+    if rec is None or rec.successor is None or rec.successor_of != epoch.incarnation:
+        return None
+    try:
+        return ProcessEpoch.parse(rec.successor)
+    except ValueError:
+        return None
+
+
+def route_for(view: EpochSnapshot, owner: ProcessEpoch) -> Route | None:
+    """Where a session minted by ``owner`` is served now: by the owner while it is live or
+    draining (it sends on what it handed over); after it, by the process its handoff rule
+    names, and so on down the chain."""
+    target = owner
+    for _ in range(MAX_MOVES):
+        route = route_to(view, target)
+        if route is not None:
+            return route
+        nxt = successor_of(view, target)
+        if nxt is None:
+            return None
+        target = nxt
+    return None
+
+
 def live_peers(view: EpochSnapshot, own: ProcessEpoch) -> list[Route]:
     """Other processes of this server that take new sessions (live, address known)."""
     peers = []
@@ -112,6 +144,15 @@ def live_peers(view: EpochSnapshot, own: ProcessEpoch) -> list[Route]:
 class OwnerUnreachable(Exception):
     """The owner did not take the request (no connection, reset unread, or 421): it did not
     run there."""
+
+
+class OwnerMoved(Exception):
+    """The process asked no longer holds the session: it handed it on to ``to``. Nothing ran
+    there, so the request may go to ``to``."""
+
+    def __init__(self, to: ProcessEpoch) -> None:
+        super().__init__(f"the session moved to {to}")
+        self.to = to
 
 
 class OwnerLost(Exception):
@@ -152,7 +193,8 @@ class Forwarder:
         """Send the request, whose ``body`` the caller has read whole, to ``route`` and stream
         its answer back; ``receive`` then only tells that the client left. Raises
         :class:`OwnerUnreachable` when nothing reached the owner (and nothing was sent to the
-        client), :class:`OwnerLost` when the owner took the request and went away unanswered.
+        client), :class:`OwnerMoved` when it handed the session on (nothing ran, nothing was
+        sent), :class:`OwnerLost` when the owner took the request and went away unanswered.
 
         ``hold(owner)`` is held for the relays a drain of this process must wait for: a POST
         from the start until its relay ends (its length is the owner's answer), a GET only
@@ -197,6 +239,14 @@ class Forwarder:
             raise OwnerLost(str(exc)) from None
         try:
             if answer.status == MISDIRECTED and answer.header(NOT_THE_OWNER_HEADER.encode()):
+                moved = answer.header(MOVED_TO_HEADER.encode())
+                if moved is not None:
+                    try:
+                        to = ProcessEpoch.parse(moved.decode("latin-1"))
+                    except ValueError:
+                        to = None
+                    if to is not None:
+                        raise OwnerMoved(to)
                 said = await _said(answer)
                 raise OwnerUnreachable(f"{route.address} is no longer {route.epoch}: {said}")
             self.forwarded += 1

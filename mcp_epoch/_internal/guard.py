@@ -18,23 +18,27 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, Final, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from mcp_epoch._internal.body import BodyTooLarge, read_body
-from mcp_epoch._internal.decision import ReplayPlan, classify
+from mcp_epoch._internal.decision import ReplayPlan, TailPlan, classify, decide_handed
 from mcp_epoch._internal.errors import Reason, ResumptionRejected
 from mcp_epoch._internal.eventid import EventId
 from mcp_epoch._internal.forward import (
+    MAX_MOVES,
     MISDIRECTED,
     NOT_THE_OWNER_HEADER,
     Forwarder,
     OwnerLost,
+    OwnerMoved,
     OwnerUnreachable,
     Route,
     live_peers,
-    route_to,
+    route_for,
+    successor_of,
 )
-from mcp_epoch._internal.inflight import InFlight, requests_in
+from mcp_epoch._internal.inflight import InFlight, log_level_in, request_id_of, requests_in
 from mcp_epoch._internal.resume import ResumeState, current_resume
 from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
@@ -42,10 +46,14 @@ from mcp_epoch._internal.snapshot import EpochSnapshot
 from mcp_epoch.contract import (
     CALL_STREAM_HEADER,
     FORWARDED_TO_HEADER,
+    MOVED_TO_HEADER,
     REJECTED_HEADER,
     SESSION_SEPARATOR,
     ProcessEpoch,
 )
+
+if TYPE_CHECKING:
+    from mcp_epoch._internal.handoff import Handoff
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +86,22 @@ class ResumeAuthority(Protocol):
     def is_zombie(self) -> bool: ...
 
 
+RequestId = str | int | None
+
+
 def error_body(
-    message: str, data: dict[str, Any] | None = None, code: int = INVALID_REQUEST
+    message: str,
+    data: dict[str, Any] | None = None,
+    code: int = INVALID_REQUEST,
+    request_id: RequestId = None,
 ) -> bytes:
-    """A JSON-RPC error with no id: what the guard answers instead of the SDK."""
+    """A JSON-RPC error: what the guard answers instead of the SDK. It echoes the request's id
+    whenever the guard knows it: a client that cannot match an error to its request (the Go
+    SDK client cannot decode a null id) fails the whole session instead of that one call."""
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
         error["data"] = data
-    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
 
 
 async def respond(
@@ -102,10 +118,14 @@ async def respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_rejection(send: Send, reason: Reason, detail: str = "") -> None:
+async def send_rejection(
+    send: Send, reason: Reason, detail: str = "", request_id: RequestId = None
+) -> None:
     """404 + ``Mcp-Resumption-Rejected``: the client must start a fresh session."""
     data = {"reason": reason, **({"detail": detail} if detail else {})}
-    body = error_body(f"Resumption rejected ({reason}): start a new session", data)
+    body = error_body(
+        f"Resumption rejected ({reason}): start a new session", data, request_id=request_id
+    )
     await respond(send, 404, body, [(REJECTED_HEADER.encode(), reason.encode())])
 
 
@@ -113,10 +133,13 @@ class ResumptionGuard:
     """Wrap the SDK's Streamable HTTP ASGI app: ``ResumptionGuard(app, store)``.
 
     Per request it decides, in this order: a forwarded request meant for another process is
-    refused (421); a request whose session or cursor belongs to another process goes to that
-    owner if the ledger says it is live or draining (:mod:`mcp_epoch._internal.forward`), and
-    is rejected otherwise; a new session on a draining process goes to a live peer; a new call
-    on a draining process's own session is rejected before it starts; the rest is served here.
+    refused (421); a request of a session this process holds is served here, or sent on to
+    where it moved if this process handed it on; a request whose session or cursor belongs to
+    another process goes to whoever holds that session now (the owner while it is live or
+    draining, else the process the ledger's handoff rule names) and is rejected when no one
+    does; a new session on a draining process goes to a live peer; a new call on a draining
+    process's own session waits for the session to be handed on, then follows it (it is
+    rejected before it starts when the session cannot move); the rest is served here.
     """
 
     def __init__(
@@ -134,6 +157,12 @@ class ResumptionGuard:
         self.forwarder = forwarder if forwarder is not None else Forwarder()
         #: Set when this process drains (SIGTERM); the ledger saying ``draining`` counts too.
         self.draining = False
+        #: Hands this process's sessions on while it drains (None: sessions end with it).
+        self.handoff: Handoff | None = None
+        #: Requests served on sessions taken from a draining peer, and cursors of an earlier
+        #: owner served from the tail it handed over, since start (``/metrics``).
+        self.served_handed = 0
+        self.tail_replays = 0
 
     def is_draining(self) -> bool:
         if self.draining:
@@ -160,6 +189,7 @@ class ResumptionGuard:
             mark = (NOT_THE_OWNER_HEADER.encode(), str(own).encode())
             await respond(send, MISDIRECTED, body, [mark])
             return
+        forwarded = forwarded_to is not None
 
         method = scope.get("method")
         raw_cursor = headers.get(LAST_EVENT_ID_HEADER)
@@ -171,15 +201,20 @@ class ResumptionGuard:
                 await respond(send, 400, error_body(f"Malformed Last-Event-ID: {exc}"))
                 return
         raw_sid = headers.get(SESSION_HEADER)
+        held: SessionTag | None = None  # a session this process holds, whoever minted it
         sid: SessionId | None = None
         if raw_sid is not None:
-            try:
-                sid = SessionId.decode(raw_sid.decode("latin-1"))
-            except ValueError as exc:
-                await send_rejection(send, "unknown", str(exc))
-                return
+            held = self.sessions.held(raw_sid.decode("latin-1"))
+            if held is None:
+                try:
+                    sid = SessionId.decode(raw_sid.decode("latin-1"))
+                except ValueError as exc:
+                    await send_rejection(send, "unknown", str(exc))
+                    return
 
-        owner = sid.owner if sid is not None else cursor.epoch if cursor is not None else None
+        owner = sid.owner if sid is not None else None
+        if owner is None and held is None and cursor is not None:
+            owner = cursor.epoch
         elsewhere = owner is not None and owner != own
         body = b""
         if method == "POST" or elsewhere:
@@ -193,19 +228,27 @@ class ResumptionGuard:
                 return  # the client left before its request arrived: nothing ran
         if elsewhere:
             assert owner is not None
-            await self._to_owner(
-                scope, body, receive, send, owner, forwarded=forwarded_to is not None
-            )
+            await self._to_owner(scope, body, receive, send, owner, forwarded=forwarded)
             return
-        if sid is None and method == "POST":
+        if held is not None:
+            if self.handoff is not None:
+                await self.handoff.settled(held)  # a hand-on under way decides where it goes
+            if held.moved_to is not None:
+                await self._to_moved(scope, body, receive, send, held.moved_to, forwarded)
+                return
+        elif sid is None and method == "POST":
             if self.store.is_zombie():
                 await send_rejection(send, "retired", "this process's epoch is retired")
                 return
-            if forwarded_to is None and self.is_draining():
+            if not forwarded and self.is_draining():
                 peer = self.forwarder.pick(live_peers(self.store.snapshot(), own))
                 if peer is not None and await self._forward(scope, body, receive, send, peer):
                     return  # a live peer took the new session; otherwise it is served here
-        await self._serve(scope, body, receive, send, sid, cursor, method, forwarded_to is not None)
+        if held is None and sid is not None:
+            held = self.sessions.get(sid.local)
+        local = held.session_id if held is not None else sid.local if sid is not None else None
+        request = _Request(scope, body, receive, send, method, forwarded, revision)
+        await self._serve(request, held, local, cursor)
 
     async def _to_owner(
         self,
@@ -217,72 +260,122 @@ class ResumptionGuard:
         *,
         forwarded: bool,
     ) -> None:
+        """Send a request of another process's session to whoever holds that session now:
+        the owner while it lives (it sends on what it handed over), then the process its
+        handoff rule names. A forwarded request is never forwarded again (hop limit: one),
+        but an owner's "moved to" answer is followed from here."""
         view = self.store.snapshot()
-        route = None if forwarded else route_to(view, owner)  # hop limit: one
-        if route is not None and await self._forward(scope, body, receive, send, route):
-            return
-        # The ledger says the owner lives but it did not answer at its address: for the client
-        # that is a process that is gone.
-        reason: Reason = "retired" if route is not None else classify(view, owner)
+        own = self.store.epoch
+        target: ProcessEpoch | None = None if forwarded else owner
+        tried = False
+        for _ in range(MAX_MOVES):
+            route = None if target is None else route_for(view, target)
+            if route is None or route.epoch == own:
+                break  # no one holds it, or it led here, where it is not held
+            try:
+                if await self._forward(scope, body, receive, send, route):
+                    return
+            except OwnerMoved as moved:
+                target = moved.to
+                continue
+            tried = True
+            # The ledger says it lives but it did not answer: it may have exited just after
+            # handing its sessions on, before the ledger retired it.
+            target = successor_of(view, route.epoch)
+        # An owner that the ledger says lives but that did not answer is, for the client, a
+        # process that is gone.
+        reason: Reason = "retired" if tried else classify(view, owner)
         log.info("request for session of %s rejected: %s", owner, reason)
-        await send_rejection(send, reason, f"the session's process {owner} is not here")
+        await send_rejection(
+            send, reason, f"the session's process {owner} is not here", request_id_of(body)
+        )
+
+    async def _to_moved(
+        self,
+        scope: Scope,
+        body: bytes,
+        receive: Receive,
+        send: Send,
+        to: ProcessEpoch,
+        forwarded: bool,
+    ) -> None:
+        """A request of a session this process handed on: a forwarding replica is told where
+        it went (421 with ``Mcp-Epoch-Moved-To``: nothing ran here, so it may send it there),
+        and a request that came straight here is sent there from here."""
+        if forwarded:
+            own = str(self.store.epoch).encode()
+            marks = [
+                (NOT_THE_OWNER_HEADER.encode(), own),
+                (MOVED_TO_HEADER.encode(), str(to).encode()),
+            ]
+            await respond(send, MISDIRECTED, error_body(f"the session moved to {to}"), marks)
+            return
+        await self._to_owner(scope, body, receive, send, to, forwarded=False)
 
     async def _forward(
         self, scope: Scope, body: bytes, receive: Receive, send: Send, route: Route
     ) -> bool:
         """True when the owner answered (the answer went to the client); False: unreachable.
-        The relays a drain waits for count in :attr:`inflight` (see ``Forwarder.forward``)."""
+        The relays a drain waits for count in :attr:`inflight` (see ``Forwarder.forward``);
+        :class:`OwnerMoved` goes to the caller."""
         try:
             await self.forwarder.forward(scope, body, receive, send, route, self.inflight.relaying)
         except OwnerUnreachable as exc:
             log.warning("owner unreachable, rejecting instead: %s", exc)
             return False
         except OwnerLost as exc:
-            body_ = error_body(f"the owning process {route.epoch} went away: {exc}")
+            body_ = error_body(
+                f"the owning process {route.epoch} went away: {exc}",
+                request_id=request_id_of(body),
+            )
             await respond(send, 502, body_)
         return True
 
     async def _serve(
-        self,
-        scope: Scope,
-        body: bytes,
-        receive: Receive,
-        send: Send,
-        sid: SessionId | None,
-        cursor: EventId | None,
-        method: str | None,
-        forwarded: bool = False,
+        self, request: _Request, tag: SessionTag | None, local: str | None, cursor: EventId | None
     ) -> None:
-        tag = None if sid is None else self.sessions.get(sid.local)
+        scope, body, receive, send = request.scope, request.body, request.receive, request.send
+        method = request.method
         streams: list[str] = []  # the request streams whose chunks may deliver a call
         call_stream = False  # a forwarded resumption of a call's stream: the relay says so
+        if tag is not None and request.revision is not None:
+            tag.protocol_version = request.revision.decode("latin-1")
+        if tag is not None and tag.tails:
+            self.served_handed += 1
         if cursor is not None:
+            if tag is not None and tag.tails and cursor.epoch != self.store.epoch:
+                await self._replay_handed(request, tag, cursor)
+                return
             plan = await self._admit_resumption(cursor, tag, send)
             if plan is None:
                 return
             streams.append(plan.stream_id)
-            call_stream = forwarded and plan.stream_id != STANDALONE_STREAM
+            call_stream = request.forwarded and plan.stream_id != STANDALONE_STREAM
         calls: list[str] = []
         if method == "POST":
-            receive = _replay(body, receive)  # the SDK reads the body the guard has read
             calls, cancelled, work = requests_in(body)
-            if work and sid is not None and self.is_draining():
-                await send_rejection(
-                    send,
-                    "retired",
-                    "this process is draining: the call was not started, start a new session",
-                )
+            if work and local is not None and self.is_draining():
+                await self._refuse_or_hand_on(request, tag)
                 return
+            receive = _replay(body, receive)  # the SDK reads the body the guard has read
             for rid in cancelled:
                 self.inflight.forget((tag, rid))
-        fresh = tag is None and sid is None
+            level = log_level_in(body) if tag is not None else None
+            if level is not None and tag is not None:
+                tag.log_level = level
+        fresh = tag is None and local is None
         if fresh:
             tag = SessionTag()
-        assert tag is not None or sid is not None
+            if method == "POST":  # what a handoff replays to open the session elsewhere
+                tag.initialize = body
+                tag.path = str(scope.get("path", ""))
+                host = dict(scope["headers"]).get(b"host")
+                tag.host = None if host is None else bytes(host).decode("latin-1")
+        assert tag is not None or local is not None
         for rid in calls:
             self.inflight.started((tag, rid))
-        if sid is not None:
-            scope = dict(scope, headers=_with_session(scope["headers"], sid.local))
+        if local is not None:
+            scope = dict(scope, headers=_with_session(scope["headers"], local))
         resume = ResumeState() if cursor is not None else None
         token = current_session.set(tag)
         resume_token = current_resume.set(resume)
@@ -294,6 +387,76 @@ class ResumptionGuard:
             current_session.reset(token)
         if method == "DELETE" and tag is not None:
             self.inflight.forget_session(tag)
+
+    async def _refuse_or_hand_on(self, request: _Request, tag: SessionTag | None) -> None:
+        """A new call on a session of this draining process: once the session has nothing in
+        flight it moves to a live peer and the call follows it there; only a session that
+        cannot move refuses the call, before it starts."""
+        moved = None
+        if self.handoff is not None and tag is not None:
+            moved = await self.handoff.hand_on_when_idle(tag)
+        if moved is not None:
+            r = request
+            await self._to_moved(r.scope, r.body, r.receive, r.send, moved, r.forwarded)
+            return
+        await send_rejection(
+            request.send,
+            "retired",
+            "this process is draining: the call was not started, start a new session",
+            request_id_of(request.body),
+        )
+
+    async def _replay_handed(self, request: _Request, tag: SessionTag, cursor: EventId) -> None:
+        """A cursor of an earlier owner of a session handed to this process: served from that
+        owner's own tail, under its own IDs, or rejected (see ``decide_handed``). A call's
+        stream ends with its answer; the standalone stream goes on live from here."""
+        try:
+            plan = decide_handed(cursor, tag.tails)
+        except ResumptionRejected as exc:
+            log.info("resumption of a handed-over session rejected: %s", exc)
+            await send_rejection(request.send, exc.reason, exc.detail)
+            return
+        self.tail_replays += 1
+        send = request.send
+        standalone = plan.stream_id == STANDALONE_STREAM
+        headers = [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache, no-transform"),
+            (SESSION_HEADER, (tag.public_id or "").encode("latin-1")),
+        ]
+        if request.forwarded and not standalone:
+            headers.append((CALL_STREAM_HEADER.encode(), b"1"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": _events(plan), "more_body": standalone})
+        if standalone and tag.session_id is not None:
+            await self._follow_standalone(request, tag, tag.session_id)
+
+    async def _follow_standalone(self, request: _Request, tag: SessionTag, local: str) -> None:
+        """After an old owner's tail, the session's standalone stream here (this process's
+        IDs): the SDK's own GET, its head dropped (the client has ours already)."""
+        headers = [
+            (k, v)
+            for k, v in _with_session(request.scope["headers"], local)
+            if bytes(k).lower() != LAST_EVENT_ID_HEADER
+        ]
+        scope = dict(request.scope, headers=headers)
+        refused = False
+
+        async def body_only(message: Message) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start":
+                refused = message.get("status", 200) >= 300
+                return
+            if not refused:
+                await request.send(message)
+
+        token = current_session.set(tag)
+        try:
+            await self.app(scope, request.receive, body_only)
+        finally:
+            current_session.reset(token)
+        if refused:  # e.g. the session already has a standalone stream: end this one cleanly
+            await request.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _admit_resumption(
         self, cursor: EventId, tag: SessionTag | None, send: Send
@@ -366,14 +529,16 @@ class ResumptionGuard:
     def _outgoing(
         self, start: Message, tag: SessionTag | None, fresh: bool, own: str
     ) -> list[tuple[bytes, bytes]]:
-        """Response headers with the session ID shown as ``<own epoch>_<SDK id>``."""
+        """Response headers with the session ID shown as the client holds it: the tag's public
+        ID, minted here as ``<own epoch>_<SDK id>`` when the session opened here."""
         out = []
         for key, value in start.get("headers", ()):
             if bytes(key).lower() == SESSION_HEADER:
                 local = bytes(value).decode("latin-1")
                 if fresh and tag is not None:
-                    self.sessions.bind(local, tag)
-                value = f"{own}{SESSION_SEPARATOR}{local}".encode("latin-1")
+                    self.sessions.bind(local, tag, f"{own}{SESSION_SEPARATOR}{local}")
+                public = tag.public_id if tag is not None else None
+                value = (public or f"{own}{SESSION_SEPARATOR}{local}").encode("latin-1")
             out.append((key, value))
         return out
 
@@ -399,3 +564,25 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One request as the guard has read it (its body, if a POST, read whole)."""
+
+    scope: Scope
+    body: bytes
+    receive: Receive
+    send: Send
+    method: str | None
+    forwarded: bool
+    revision: bytes | None  # its Mcp-Protocol-Version
+
+
+def _events(plan: TailPlan) -> bytes:
+    """The SSE events a cursor of an earlier owner is owed, under that owner's IDs."""
+    out = bytearray()
+    for ev in plan.events:
+        event_id = plan.tail.event_id(ev.seq).encode()
+        out += b"id: %s\nevent: message\ndata: %s\n\n" % (event_id, (ev.data or "").encode())
+    return bytes(out)

@@ -23,6 +23,10 @@ class Health:
     forwarded: int
     registered: bool
     ring: RingFollower | None = None
+    handed: int = 0
+    adopted: int = 0
+    served_handed: int = 0
+    tail_replays: int = 0
 
     @property
     def problems(self) -> list[str]:
@@ -68,6 +72,22 @@ class Health:
             "# HELP mcp_epoch_forwarded_total Requests handed to the process owning them.",
             "# TYPE mcp_epoch_forwarded_total counter",
             f"mcp_epoch_forwarded_total {self.forwarded}",
+            "# HELP mcp_epoch_sessions_handed_off_total Sessions this process handed on to a "
+            "live peer while it drained.",
+            "# TYPE mcp_epoch_sessions_handed_off_total counter",
+            f"mcp_epoch_sessions_handed_off_total {self.handed}",
+            "# HELP mcp_epoch_sessions_adopted_total Sessions this process took from a "
+            "draining peer.",
+            "# TYPE mcp_epoch_sessions_adopted_total counter",
+            f"mcp_epoch_sessions_adopted_total {self.adopted}",
+            "# HELP mcp_epoch_handed_session_requests_total Requests served on sessions taken "
+            "from a draining peer.",
+            "# TYPE mcp_epoch_handed_session_requests_total counter",
+            f"mcp_epoch_handed_session_requests_total {self.served_handed}",
+            "# HELP mcp_epoch_tail_replays_total Cursors of an earlier owner served from the "
+            "tail it handed over.",
+            "# TYPE mcp_epoch_tail_replays_total counter",
+            f"mcp_epoch_tail_replays_total {self.tail_replays}",
         ]
         if self.ring is not None:
             lines.extend(self.ring.metrics())

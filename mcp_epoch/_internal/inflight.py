@@ -33,6 +33,7 @@ class InFlight:
         self._calls: dict[Call, bool] = {}  # call -> answered
         self._relays: dict[object, str] = {}  # relay -> the process it goes to
         self._idle: anyio.Event | None = None  # made on the event loop, by the first call
+        self._changed: anyio.Event | None = None  # set (and dropped) at every call's end
         self.delivered = 0
 
     def __len__(self) -> int:
@@ -96,8 +97,21 @@ class InFlight:
         self._settle()
 
     def _settle(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
         if not self._calls and not self._relays and self._idle is not None:
             self._idle.set()
+
+    def busy(self, tag: Hashable) -> bool:
+        """Whether a call of session ``tag`` is in flight (a session moves only when not)."""
+        return any(call[0] is tag for call in self._calls)
+
+    async def changed(self) -> None:
+        """Return once some call or relay has ended (or been forgotten)."""
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
 
     async def wait_idle(self) -> None:
         while len(self) and self._idle is not None:
@@ -143,3 +157,31 @@ def _items(parsed: Any) -> Iterator[dict[str, Any]]:
     for item in parsed if isinstance(parsed, list) else [parsed]:
         if isinstance(item, dict):
             yield item
+
+
+def request_id_of(body: bytes) -> str | int | None:
+    """The id of the one JSON-RPC request in a POST body, as sent (for an error answer to
+    echo); None for anything else."""
+    try:
+        parsed: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    rid = parsed.get("id") if isinstance(parsed, dict) and "method" in parsed else None
+    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
+
+
+def log_level_in(body: bytes) -> str | None:
+    """The level of a ``logging/setLevel`` request in a POST body (it moves with a session)."""
+    if b"logging/setLevel" not in body:
+        return None
+    level = None
+    try:
+        parsed: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    for item in _items(parsed):
+        params = item.get("params")
+        if item.get("method") == "logging/setLevel" and isinstance(params, dict):
+            value = params.get("level")
+            level = value if isinstance(value, str) and len(value) <= 32 else level
+    return level

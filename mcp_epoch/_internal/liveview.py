@@ -122,7 +122,10 @@ class LiveEpochView:
                     "MCP_EPOCH_SERVICE_TOKEN"
                 ) from None
             raise
-        records = [EpochRecord(e.epoch, e.state, e.incarnation, e.address) for e in listing.epochs]
+        records = [
+            EpochRecord(e.epoch, e.state, e.incarnation, e.address, e.successor, e.successor_of)
+            for e in listing.epochs
+        ]
         return EpochSnapshot.of(listing.ledger_id, listing.revision, records)
 
     async def follow(self) -> None:

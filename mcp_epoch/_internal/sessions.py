@@ -1,4 +1,4 @@
-"""Which MCP session an event belongs to.
+"""Which MCP session an event belongs to, and what a session is beyond its events.
 
 The SDK shares one ``EventStore`` across all sessions and names streams by JSON-RPC request id
 (``"1"``, ``"2"``, ... and ``"_GET_stream"``), so stream ids collide between sessions and
@@ -9,21 +9,54 @@ learns the session id from the ``mcp-session-id`` response header and fills it i
 tag, and later requests of the session look the tag up by id. Identity of the tag is the owner.
 Tags are held weakly by the registry and strongly by the session's tasks and buffered events,
 so the registry's memory ends with the session and its events.
+
+A tag also keeps what a handoff moves (:mod:`mcp_epoch._internal.handover`): the request that
+opened the session, the protocol version and log level its client set, and the tails of
+streams that earlier owners handed over with it.
 """
 
 from __future__ import annotations
 
 import weakref
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mcp_epoch._internal.handover import Tail
+    from mcp_epoch.contract import ProcessEpoch
 
 
 class SessionTag:
-    """Owner of events; equality is identity. ``session_id`` is filled in once known."""
+    """Owner of events; equality is identity. ``session_id`` is the SDK's own (local) ID, filled
+    in once known; ``public_id`` is the ID its client holds (``<minting epoch>_<SDK id>``),
+    which stays the same when the session moves to another process."""
 
-    __slots__ = ("__weakref__", "session_id")
+    __slots__ = (
+        "__weakref__",
+        "host",
+        "initialize",
+        "log_level",
+        "moved_to",
+        "path",
+        "protocol_version",
+        "public_id",
+        "session_id",
+        "tails",
+    )
 
     def __init__(self, session_id: str | None = None) -> None:
         self.session_id = session_id
+        self.public_id: str | None = None
+        #: The client's ``initialize`` request (its body), the path and ``Host`` it was sent to.
+        self.initialize: bytes | None = None
+        self.path = ""
+        self.host: str | None = None
+        self.protocol_version: str | None = None
+        self.log_level: str | None = None
+        #: Tails of earlier owners' streams, handed over with the session (oldest owner first).
+        self.tails: tuple[Tail, ...] = ()
+        #: Set once this process handed the session on: the process that holds it now.
+        self.moved_to: ProcessEpoch | None = None
 
     def __repr__(self) -> str:
         return f"SessionTag({self.session_id!r})"
@@ -33,17 +66,30 @@ current_session: ContextVar[SessionTag | None] = ContextVar("epochsvc_session", 
 
 
 class SessionRegistry:
-    """session id → tag, weakly: no entry outlives its session's tasks and buffered events."""
+    """Session ID → tag, by the SDK's local ID and by the ID clients hold, weakly: no entry
+    outlives its session's tasks and buffered events."""
 
     def __init__(self) -> None:
         self._tags: weakref.WeakValueDictionary[str, SessionTag] = weakref.WeakValueDictionary()
+        self._public: weakref.WeakValueDictionary[str, SessionTag] = weakref.WeakValueDictionary()
 
     def get(self, session_id: str) -> SessionTag | None:
         return self._tags.get(session_id)
 
-    def bind(self, session_id: str, tag: SessionTag) -> None:
+    def held(self, public_id: str) -> SessionTag | None:
+        """The session a client names by ``public_id``, if this process holds it."""
+        return self._public.get(public_id)
+
+    def bind(self, session_id: str, tag: SessionTag, public_id: str | None = None) -> None:
         tag.session_id = session_id
         self._tags[session_id] = tag
+        if public_id is not None:
+            tag.public_id = public_id
+            self._public[public_id] = tag
+
+    def tags(self) -> list[SessionTag]:
+        """Every session this process holds now."""
+        return list(self._tags.values())
 
     def __len__(self) -> int:
         return len(self._tags)

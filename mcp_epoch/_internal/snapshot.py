@@ -21,6 +21,10 @@ class EpochRecord:
     state: State
     incarnation: int | None  # newest registered incarnation, or None
     address: str | None = None  # host:port the pod serves on (from the API server), or None
+    #: The handoff rule: the sessions of incarnation ``successor_of`` went to the process
+    #: epoch ``successor``.
+    successor: str | None = None
+    successor_of: int | None = None
 
 
 def _empty() -> Mapping[str, EpochRecord]:

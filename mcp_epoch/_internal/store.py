@@ -89,6 +89,11 @@ class EpochEventStore(EventStore):
         """The resume decision against this store's state right now (raises on rejection)."""
         return decide(cursor, self.epoch, self.buffer, self.snapshot(), owner)
 
+    @staticmethod
+    def message_json(message: JSONRPCMessage) -> str:
+        """A buffered message as the SDK writes it on a stream (what a handoff carries)."""
+        return message.model_dump_json(by_alias=True, exclude_unset=True)
+
     def event_id(self, seq: int) -> str:
         return self._prefix + str(seq)
 

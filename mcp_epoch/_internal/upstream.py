@@ -273,18 +273,26 @@ async def exchange(
     *,
     connect_timeout: float,
     write_timeout: float,
+    local_host: str | None = None,
 ) -> Exchange:
     """Send one request with its whole ``body`` to ``address`` and wait for the answer's head.
 
     ``headers`` must hold neither framing nor hop-by-hop fields: ``Content-Length`` and
-    ``Connection: close`` are set here. Raises :class:`Refused` or :class:`Broken`.
+    ``Connection: close`` are set here. ``local_host``: the address to send from (a hand-on
+    is sent from the sender's own pod address, which the receiver checks). Raises
+    :class:`Refused` or :class:`Broken`.
     """
     data = request_head(method, target, headers, len(body)) + body
     host, port = host_port(address)
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(connect_timeout):
-            _, hop = await loop.create_connection(lambda: _Hop(loop, method == "HEAD"), host, port)
+            _, hop = await loop.create_connection(
+                lambda: _Hop(loop, method == "HEAD"),
+                host,
+                port,
+                local_addr=None if local_host is None else (local_host, 0),
+            )
     except (OSError, TimeoutError) as exc:
         raise Refused(f"no connection: {exc!r}") from None
     try:

@@ -239,3 +239,13 @@ def progress_of(events: list[Sse]) -> list[float]:
 def http() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=httpx.Timeout(10.0)) as client:
         yield client
+
+
+@pytest.fixture
+def pair(epoch_service: Any, http: httpx.Client, tmp_path: Path) -> Iterator[tuple[Any, ...]]:
+    """Two replicas of one server (``tests.replica.replicas``), each able to forward to the
+    other."""
+    from tests.replica.replicas import replicas
+
+    with replicas(epoch_service, http, tmp_path, ("a", "b")) as (a, b):
+        yield a, b

@@ -3,93 +3,27 @@
 Two example servers (``examples/epoch_server.py``) share a real epoch service; each is bound in
 the ledger with its loopback address as the operator binds a pod with its IP. A request sent
 to the replica that does not own its session must reach the owner, streams included; a drained
-owner must finish its calls, refuse new ones and send new sessions to a live peer.
+owner must finish its calls, hand its sessions on and send new sessions to a live peer (the
+handoff itself: ``test_handoff``).
 """
 
 from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from mcp_epoch import api
 from mcp_epoch.contract import FORWARDED_BY_HEADER, FORWARDED_TO_HEADER, REJECTED_HEADER
-from tests.replica.conftest import RawSession, ServerProc, parse_sse, progress_of, start_server
+from tests.replica.conftest import RawSession, parse_sse, progress_of
+from tests.replica.replicas import Replica, launch, slow_countdown, until
 from tests.support.epochsvc_proc import EpochServiceProcess
 
-NS, SERVER = "ns", "fwd"
 #: What uvicorn logs at ERROR for a response an app ends without its last chunk.
 UNFINISHED_LINE = "ASGI callable returned without completing response"
-
-
-@dataclass
-class Replica:
-    srv: ServerProc
-    pod_epoch: str
-
-    @property
-    def url(self) -> str:
-        return self.srv.url
-
-
-def launch(svc: EpochServiceProcess, name: str, log: Path | None = None, **env: str) -> Replica:
-    """Issue, bind, start, then bind again with the address: the order a pod goes through."""
-    pod_epoch = svc.issue(NS, SERVER, f"req-{name}")
-    svc.send(api.bind(pod_epoch, name, f"uid-{name}"))
-    env = {**svc.replica_env(pod_epoch, NS, SERVER), "MCP_POD_NAME": name, **env}
-    srv = start_server(env, log=log)
-    svc.send(api.bind(pod_epoch, name, f"uid-{name}", f"127.0.0.1:{srv.port}"))
-    return Replica(srv, pod_epoch)
-
-
-def forwarded_ping(via: Replica, session: RawSession, http: httpx.Client) -> bool:
-    r = http.post(
-        via.url,
-        json={"jsonrpc": "2.0", "id": 999, "method": "ping"},
-        headers=session.headers(),
-    )
-    return r.status_code == 200 and FORWARDED_BY_HEADER in r.headers
-
-
-def slow_countdown(steps: int, token: str, rid: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(params, JSON-RPC body) of a countdown call 0.1 s per step, with progress."""
-    params = {
-        "name": "countdown",
-        "arguments": {"n": steps, "delay": 0.1},
-        "_meta": {"progressToken": token},
-    }
-    return params, {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
-
-
-def until(condition: object, within: float = 15.0) -> None:
-    """Wait for a condition the servers reach on their own (a ledger copy catching up)."""
-    deadline = time.monotonic() + within
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def pair(
-    epoch_service: EpochServiceProcess, http: httpx.Client, tmp_path: Path
-) -> Iterator[tuple[Replica, ...]]:
-    a = launch(epoch_service, "a", log=tmp_path / "a.log")
-    b = launch(epoch_service, "b", log=tmp_path / "b.log")
-    try:
-        # B's copy of the ledger learns A's address (and A's of B's) through its long poll.
-        probe_a = RawSession(a.url, http).initialize()
-        probe_b = RawSession(b.url, http).initialize()
-        until(lambda: forwarded_ping(b, probe_a, http) and forwarded_ping(a, probe_b, http))
-        yield a, b
-    finally:
-        a.srv.stop()
-        b.srv.stop()
 
 
 def test_every_request_of_a_session_reaches_its_owner(
@@ -154,13 +88,13 @@ def test_a_session_whose_owner_is_gone_is_rejected_not_forwarded(
     assert r.status_code == 404 and r.headers[REJECTED_HEADER] == "retired"
 
 
-def test_a_draining_owner_finishes_its_calls_refuses_new_ones_and_exits(
+def test_a_draining_owner_finishes_its_calls_hands_the_session_on_and_exits(
     pair: tuple[Replica, Replica], http: httpx.Client
 ) -> None:
     a, b = pair
     s = RawSession(a.url, http).initialize()
-    steps = 50  # 5 s: the call outlasts everything the test does while A drains
-    params, body = slow_countdown(steps, "long", 50)
+    steps = 30  # 3 s: the call outlasts what the test does while A drains
+    _, body = slow_countdown(steps, "long", 50)
 
     def opened_on_b() -> bool:
         fresh = RawSession(a.url, http).initialize()  # harmless before the drain: idle
@@ -174,16 +108,19 @@ def test_a_draining_owner_finishes_its_calls_refuses_new_ones_and_exits(
         began = time.monotonic()
         # A drains: a new session sent to A is opened on B ...
         until(opened_on_b)
-        # ... and a new call on A's session is refused before it runs.
-        refused, _ = s.post("tools/call", params, request_id=51)
-        assert refused.status_code == 404 and refused.headers[REJECTED_HEADER] == "retired"
+        # ... and a new call on A's session waits for the call in flight to be delivered,
+        # then follows the session to B, which runs it: the client sees no refusal.
+        moved, events = s.post("tools/call", {"name": "epoch", "arguments": {}}, request_id=51)
+        assert moved.status_code == 200, moved.text
+        assert moved.headers[FORWARDED_BY_HEADER] == b.srv.epoch
+        assert b.srv.epoch in events[-1].data and '"id":51' in events[-1].data.replace(" ", "")
         # Nobody keeps an idle connection to a draining process (one it would close on exit).
-        assert refused.headers["connection"] == "close"
+        assert moved.headers["connection"] == "close"
         rest = [first, *lines]
     events = parse_sse(rest)
     assert progress_of(events) == list(range(1, steps + 1))
     assert any('"result"' in e.data for e in events)
-    # A exits once its call is delivered, well inside the default 25 s drain.
+    # A exits once its call is delivered and its session handed on, well inside 25 s.
     assert a.srv.proc.wait(10) == 0
     assert time.monotonic() - began < 10
 
