@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 
@@ -52,8 +52,11 @@ class Replica:
     proc: subprocess.Popen[str] | None = None
     #: How the process left: seconds from SIGTERM to exit, and what its drain reported.
     stop_seconds: float | None = None
-    drain: dict[str, float] = field(default_factory=dict)
+    drain: dict[str, Any] = field(default_factory=dict)
     killed: bool = False
+    #: The handoff counters its ``/metrics`` showed just before it was stopped (a replica
+    #: killed at teardown prints no drain report).
+    counters: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,8 @@ class LocalProcessFleet(FleetDriver):
         proc, rep.proc = rep.proc, None
         if proc is None or proc.poll() is not None:
             return
+        if self.kind == "epoch":
+            rep.counters = await _scrape(rep.backend)
         if how is not None:
             await asyncio.sleep(how.prestop)  # the preStop hook, as the pod spec says
         began = time.monotonic()
@@ -236,10 +241,35 @@ class LocalProcessFleet(FleetDriver):
             proc.stdout.close()
 
 
-def drain_report(output: str) -> dict[str, float]:
+#: The replicas' handoff counters the report sums (``/metrics`` names, report keys).
+COUNTERS = {
+    "mcp_epoch_sessions_adopted_total": "adopted",
+    "mcp_epoch_handed_session_requests_total": "served_handed",
+    "mcp_epoch_tail_replays_total": "tail_replays",
+}
+
+
+async def _scrape(backend: Backend) -> dict[str, float]:
+    """The handoff counters of a replica's ``/metrics`` (empty if it does not answer)."""
+    url = f"http://{backend.host}:{backend.port}/metrics"
+    try:
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            text = (await http.get(url)).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in COUNTERS:
+            with contextlib.suppress(ValueError):
+                out[COUNTERS[name]] = float(value)
+    return out
+
+
+def drain_report(output: str) -> dict[str, Any]:
     """The drain report an epoch replica prints as it exits (see :mod:`epochsvc.demo.replica`):
     the last JSON line with ``drained``, or empty (a naive replica, or a killed one)."""
-    report: dict[str, float] = {}
+    report: dict[str, Any] = {}
     for line in output.splitlines():
         with contextlib.suppress(ValueError):
             parsed = json.loads(line)

@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     serve(epoch_app, asgi=announced, sockets=[sock], **options)  # drains on SIGTERM
     if epoch_app.last_drain is not None:
         d = epoch_app.last_drain
+        health = epoch_app.health()
         print(
             json.dumps(
                 {
@@ -256,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
                     "in_flight": d.in_flight,
                     "abandoned": d.abandoned,
                     "forwarded": epoch_app.forwarded,
+                    "handed": d.handed,
+                    "kept": d.kept,
+                    "deadline": d.hit_deadline,
+                    "held_by": [
+                        f"{rid} ({'answered' if a else 'running'})" for rid, a in d.held_by
+                    ],
+                    "adopted": health.adopted,
+                    "served_handed": health.served_handed,
+                    "tail_replays": health.tail_replays,
                 }
             ),
             flush=True,

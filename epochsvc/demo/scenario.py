@@ -90,6 +90,16 @@ class FleetResult:
     errors: list[str]
     forwarded: int = 0
     drains: list[float] = field(default_factory=list)
+    #: The handoff, from the replicas' own reports: sessions handed on and those a drain could
+    #: not hand on, sessions taken, requests served on them, cursors served from a tail.
+    handed: int = 0
+    kept: int = 0
+    adopted: int = 0
+    served_handed: int = 0
+    tail_replays: int = 0
+    #: Drains that ran to their deadline, and what held each (request id, running/answered).
+    deadline_drains: int = 0
+    held_by: list[str] = field(default_factory=list)
 
     @property
     def completion_pct(self) -> float:
@@ -128,6 +138,13 @@ class FleetResult:
             "forwarded_requests": self.forwarded,
             "drain_p50_s": self.drain_p50,
             "drain_max_s": self.drain_max,
+            "drains_at_deadline": self.deadline_drains,
+            "drains_held_by": self.held_by,
+            "sessions_handed_off": self.handed,
+            "sessions_kept_at_drain_end": self.kept,
+            "sessions_adopted": self.adopted,
+            "handed_off_session_requests": self.served_handed,
+            "cursors_served_from_tail": self.tail_replays,
             "rejections": self.reinits,
             "reinits_ok": self.reinits_ok,
             "reinit_p50_s": self.reinit_p50,
@@ -289,7 +306,7 @@ def _fold(
                 "epoch": r.process_epoch or "(counter ids)",
                 **({"stop_s": round(r.stop_seconds, 2)} if r.stop_seconds is not None else {}),
                 **({"killed": True} if r.killed else {}),
-                **r.drain,
+                **{k: v for k, v in r.drain.items() if k != "held_by"},
             }
             for r in replicas
         ],
@@ -297,4 +314,21 @@ def _fold(
         errors=errors,
         forwarded=sum(int(r.drain.get("forwarded", 0)) for r in replicas),
         drains=sorted(float(r.drain["drained"]) for r in replicas if "drained" in r.drain),
+        handed=sum(int(r.drain.get("handed", 0)) for r in replicas),
+        kept=sum(int(r.drain.get("kept", 0)) for r in replicas),
+        adopted=_counted(replicas, "adopted"),
+        served_handed=_counted(replicas, "served_handed"),
+        tail_replays=_counted(replicas, "tail_replays"),
+        deadline_drains=sum(1 for r in replicas if r.drain.get("deadline")),
+        held_by=[
+            f"{r.backend.name}: {', '.join(r.drain['held_by'])}"
+            for r in replicas
+            if r.drain.get("held_by")
+        ],
     )
+
+
+def _counted(replicas: list[Replica], key: str) -> int:
+    """A handoff counter summed over replicas: the drain report's figure where the replica
+    printed one, else what its ``/metrics`` said just before it was stopped."""
+    return sum(int(max(r.drain.get(key, 0), r.counters.get(key, 0))) for r in replicas)

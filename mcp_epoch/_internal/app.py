@@ -218,6 +218,7 @@ class EpochSafeApp:
                 stop_accepting()
                 await handoff.hand_on_all()
                 await self.inflight.wait_idle()
+        handoff.over()
         kept = sum(1 for t in self._guard.sessions.tags() if t.moved_to is None)
         result = DrainResult(
             waiting,

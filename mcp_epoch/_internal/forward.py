@@ -196,7 +196,7 @@ class Forwarder:
         client), :class:`OwnerMoved` when it handed the session on (nothing ran, nothing was
         sent), :class:`OwnerLost` when the owner took the request and went away unanswered.
 
-        ``hold(owner)`` is held for the relays a drain of this process must wait for: a POST
+        ``hold(what)`` (the owner and the kind of relay, for the drain's log) is held for the relays a drain of this process must wait for: a POST
         from the start until its relay ends (its length is the owner's answer), a GET only
         while relaying a replay the owner marks as a call's stream. Any other GET is the
         standalone stream, of unbounded length: a drain does not wait for it, and a client cut
@@ -204,7 +204,7 @@ class Forwarder:
         """
         held = hold or _no_hold
         if scope.get("method") == "POST":
-            with held(str(route.epoch)):
+            with held(f"{route.epoch} (POST)"):
                 await self._forward(scope, body, receive, send, route, _no_hold)
         else:
             await self._forward(scope, body, receive, send, route, held)
@@ -251,7 +251,8 @@ class Forwarder:
                 raise OwnerUnreachable(f"{route.address} is no longer {route.epoch}: {said}")
             self.forwarded += 1
             marked = answer.header(CALL_STREAM_HEADER.encode()) is not None
-            with call_stream(str(route.epoch)) if marked else contextlib.nullcontext():
+            relay = f"{route.epoch} (resumed call stream)"
+            with call_stream(relay) if marked else contextlib.nullcontext():
                 await self._relay(answer, receive, send, route)
         finally:
             answer.close()

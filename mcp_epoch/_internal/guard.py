@@ -228,8 +228,14 @@ class ResumptionGuard:
                 return  # the client left before its request arrived: nothing ran
         if elsewhere:
             assert owner is not None
-            await self._to_owner(scope, body, receive, send, owner, forwarded=forwarded)
-            return
+            if await self._to_owner(scope, body, receive, send, owner, forwarded=forwarded):
+                return
+            # The session's chain of holders led here: it was handed here while this request
+            # was on its way (its old owner said "moved" to this process).
+            held = self.sessions.held(raw_sid.decode("latin-1")) if raw_sid else None
+            if held is None:
+                await self._reject_lost(send, owner, body, tried=True)
+                return
         if held is not None:
             if self.handoff is not None:
                 await self.handoff.settled(held)  # a hand-on under way decides where it goes
@@ -259,22 +265,25 @@ class ResumptionGuard:
         owner: ProcessEpoch,
         *,
         forwarded: bool,
-    ) -> None:
+    ) -> bool:
         """Send a request of another process's session to whoever holds that session now:
         the owner while it lives (it sends on what it handed over), then the process its
         handoff rule names. A forwarded request is never forwarded again (hop limit: one),
-        but an owner's "moved to" answer is followed from here."""
+        but an owner's "moved to" answer is followed from here. True when answered (or
+        rejected); False when the chain of holders leads to this very process."""
         view = self.store.snapshot()
         own = self.store.epoch
         target: ProcessEpoch | None = None if forwarded else owner
         tried = False
         for _ in range(MAX_MOVES):
             route = None if target is None else route_for(view, target)
-            if route is None or route.epoch == own:
-                break  # no one holds it, or it led here, where it is not held
+            if route is not None and route.epoch == own:
+                return False
+            if route is None:
+                break
             try:
                 if await self._forward(scope, body, receive, send, route):
-                    return
+                    return True
             except OwnerMoved as moved:
                 target = moved.to
                 continue
@@ -282,9 +291,16 @@ class ResumptionGuard:
             # The ledger says it lives but it did not answer: it may have exited just after
             # handing its sessions on, before the ledger retired it.
             target = successor_of(view, route.epoch)
-        # An owner that the ledger says lives but that did not answer is, for the client, a
-        # process that is gone.
-        reason: Reason = "retired" if tried else classify(view, owner)
+        await self._reject_lost(send, owner, body, tried=tried or forwarded)
+        return True
+
+    async def _reject_lost(
+        self, send: Send, owner: ProcessEpoch, body: bytes, *, tried: bool
+    ) -> None:
+        """No process holds this session of ``owner``. Once a holder was tried (it did not
+        answer, or the session was sent here as to its holder and is not held here), the
+        session ended with a process that could not hand it on: ``retired``."""
+        reason: Reason = "retired" if tried else classify(self.store.snapshot(), owner)
         log.info("request for session of %s rejected: %s", owner, reason)
         await send_rejection(
             send, reason, f"the session's process {owner} is not here", request_id_of(body)
@@ -310,7 +326,8 @@ class ResumptionGuard:
             ]
             await respond(send, MISDIRECTED, error_body(f"the session moved to {to}"), marks)
             return
-        await self._to_owner(scope, body, receive, send, to, forwarded=False)
+        if not await self._to_owner(scope, body, receive, send, to, forwarded=False):
+            await self._reject_lost(send, to, body, tried=True)
 
     async def _forward(
         self, scope: Scope, body: bytes, receive: Receive, send: Send, route: Route

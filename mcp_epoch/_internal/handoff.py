@@ -7,9 +7,11 @@ away. When this process drains it:
 1. picks one live peer of its server (the newest: in a rolling deploy the least likely to be
    replaced next) and records the handoff rule in the ledger, once: from then on every replica
    routes this process's sessions to that peer after this process is gone;
-2. hands every session on that has nothing in flight, and every other one as soon as its calls
-   are delivered (a new call on a session waits for that, then goes to the peer): what moves is
-   :mod:`mcp_epoch._internal.handover`'s, sent in one request per batch;
+2. hands every session on that has no call still running, and every other one as soon as its
+   calls are answered (a new call on a session waits for that, then goes to the peer): what
+   moves is :mod:`mcp_epoch._internal.handover`'s, sent in one request per batch. An answered
+   call whose client has not heard the answer yet moves too: its whole stream, answer
+   included, is in the tail, and the client resumes it from the peer;
 3. answers any later request of a session it handed on by sending it to the new holder.
 
 Only the sessions the peer confirms have moved. A session that cannot move (no live peer, the
@@ -79,6 +81,7 @@ class Handoff:
         #: Refused by the peer: they stay, and end with this process.
         self._stuck: weakref.WeakSet[SessionTag] = weakref.WeakSet()
         self._broken = False  # the peer could not be reached: nothing more is tried
+        self._over = False  # the drain has ended: nothing more moves
         #: Sessions the peer confirmed it took, since start (``/metrics``, the drain report).
         self.handed = 0
 
@@ -134,16 +137,23 @@ class Handoff:
     async def hand_on_when_idle(self, tag: SessionTag) -> ProcessEpoch | None:
         """For a new call on a session of this draining process: wait until nothing of the
         session is in flight, hand it on, and say where it went (None: it stays here)."""
-        while tag.moved_to is None:
+        while tag.moved_to is None and not self._over:
             await self.settled(tag)
-            if tag.moved_to is not None or tag in self._stuck:
+            if tag.moved_to is not None or tag in self._stuck or self._over:
                 break
-            if self._inflight.busy(tag):
+            if self._inflight.working(tag):
                 await self._inflight.changed()
                 continue
             if not await self._hand_on([tag]):
                 break
         return tag.moved_to
+
+    def over(self) -> None:
+        """The drain has ended (its deadline passed): what has not moved stays, and every
+        request still waiting for its session to move is answered now (refused before it
+        ran), rather than left for the exit to cut."""
+        self._over = True
+        self._inflight.wake()
 
     async def hand_on_all(self) -> None:
         """Hand on every session of this process, the idle ones at once and the others as
@@ -156,7 +166,7 @@ class Handoff:
             ]
             if not pending or await self.successor_route() is None:
                 return
-            idle = [t for t in pending if t not in self._moving and not self._inflight.busy(t)]
+            idle = [t for t in pending if t not in self._moving and not self._inflight.working(t)]
             if idle:
                 await self._hand_on(idle)
             else:
@@ -257,7 +267,10 @@ class Handoff:
             return
         for public_id in adopted:
             if public_id in sessions:
-                sessions[public_id][0].moved_to = route.epoch
+                tag = sessions[public_id][0]
+                tag.moved_to = route.epoch
+                # Its answered calls go with it: their answers are in the tail it took.
+                self._inflight.forget_session(tag)
                 self.handed += 1
         for public_id, why in refused.items():
             if public_id in sessions:

@@ -88,6 +88,7 @@ class InFlight:
         self._finish(call, count=False)
 
     def forget_session(self, tag: Hashable) -> None:
+        """Wait no more for the calls of ``tag`` (ended by DELETE, or handed on with them)."""
         for call in [c for c in self._calls if c[0] is tag]:
             self._finish(call, count=False)
 
@@ -97,15 +98,21 @@ class InFlight:
         self._settle()
 
     def _settle(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+        self.wake()
         if not self._calls and not self._relays and self._idle is not None:
             self._idle.set()
 
-    def busy(self, tag: Hashable) -> bool:
-        """Whether a call of session ``tag`` is in flight (a session moves only when not)."""
-        return any(call[0] is tag for call in self._calls)
+    def working(self, tag: Hashable) -> bool:
+        """Whether a call of session ``tag`` is still unanswered. A session moves only when
+        none is: an answered call's stream has ended, so the tail handed over with the session
+        holds all of it, and the call is delivered from there (:meth:`forget_session`)."""
+        return any(call[0] is tag and not answered for call, answered in self._calls.items())
+
+    def wake(self) -> None:
+        """Wake every :meth:`changed` waiter without a change (they look again)."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     async def changed(self) -> None:
         """Return once some call or relay has ended (or been forgotten)."""

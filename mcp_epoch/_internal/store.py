@@ -110,7 +110,9 @@ class EpochEventStore(EventStore):
             self._followers.wake((owner, stream_id))
         return event_id
 
-    async def replay_events_after(self, last_event_id: str, send_callback: EventCallback) -> str:
+    async def replay_events_after(
+        self, last_event_id: str, send_callback: EventCallback
+    ) -> str | None:
         """Serve a resumed stream from the buffer alone: the missing suffix, then every later
         event of the same (session, stream) as it is stored, until the stream's final response.
 
@@ -121,6 +123,12 @@ class EpochEventStore(EventStore):
         before it is sent anywhere. An eviction that overtakes the follower aborts the
         connection (see :mod:`mcp_epoch._internal.resume`), so the client reconnects from its
         last cursor and hears ``gap``; nothing is skipped.
+
+        Returns None: by the time following returns, the stream has sent its final response,
+        and the SDK given a stream ID would register a fresh live queue for that finished
+        stream and hold the response open until the session ends. Clients that keep a resumed
+        GET open until the server ends it (the TypeScript and Go SDK clients) then held it,
+        and a replica relaying it held its drain to the deadline.
         """
         owner = current_session.get()
         plan = decide(last_event_id, self.epoch, self.buffer, self.snapshot(), owner)
@@ -133,4 +141,4 @@ class EpochEventStore(EventStore):
         except ResumptionGap:
             mark_broken()
             raise
-        return plan.stream_id
+        return None

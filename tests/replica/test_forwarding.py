@@ -250,3 +250,23 @@ def test_the_drain_deadline_bounds_a_call_that_does_not_end(
         assert code == 0 and time.monotonic() - began < 10
     finally:
         a.srv.stop()
+
+
+def test_a_resumed_call_stream_ends_with_the_calls_answer(
+    pair: tuple[Replica, Replica], http: httpx.Client
+) -> None:
+    """A client that keeps a resumed GET open until the server ends it (the TypeScript and Go
+    SDK clients) must see it end after the call's answer, here and through a relay: the SDK
+    would otherwise hold it open for the session's life, and a draining relay with it."""
+    a, b = pair
+    s = RawSession(a.url, http).initialize()
+    first = s.countdown(6, close_after=2, request_id=8)
+    cursor = [e.id for e in first if e.id][-1]
+    for via in (a, b):
+        headers = {**s.headers(last_event_id=cursor), "accept": "text/event-stream"}
+        with http.stream("GET", via.url, headers=headers) as r:
+            assert r.status_code == 200
+            lines = list(r.iter_lines())  # to the end of the response: it must end
+        events = parse_sse(lines)
+        assert progress_of(first) + progress_of(events) == [1, 2, 3, 4, 5, 6]
+        assert '"result"' in events[-1].data

@@ -45,7 +45,7 @@ class Recording(EpochEventStore):
         self.stored.append((stream_id, message, current_session.get(), event_id))
         return event_id
 
-    async def replay_events_after(self, last_event_id: str, send_callback: Any) -> str:
+    async def replay_events_after(self, last_event_id: str, send_callback: Any) -> str | None:
         self.replays.append((last_event_id, current_session.get()))
         return await super().replay_events_after(last_event_id, send_callback)
 
