@@ -126,6 +126,9 @@ CALL_STREAM_HEADER: Final = "mcp-epoch-call-stream"
 #: Response header of a process's 421 to a forwarded request of a session it handed on: the
 #: process epoch that holds the session now (the forwarding replica sends it there instead).
 MOVED_TO_HEADER: Final = "mcp-epoch-moved-to"
+#: Response header of a resumption served from a handed-over tail: the process epoch whose
+#: own buffered events (under its own IDs) the replay comes from.
+TAIL_OF_HEADER: Final = "mcp-epoch-tail-of"
 #: Where a process takes the sessions a draining peer of its server hands it (``POST``, one
 #: JSON document; see the library's handover module). Never reached through a balancer.
 HANDOFF_PATH: Final = "/.well-known/mcp-epoch/handoff"

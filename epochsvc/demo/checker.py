@@ -59,6 +59,9 @@ class Reconnect:
     lossless: bool | None = None  # decided by what the call accepts after it
     delivered: bool = False
     base: tuple[int, int, int] = (0, 0, 0)  # violations counted before it
+    #: Served from the tail the stream's own process handed over with its session (under
+    #: that process's IDs), by the process that holds the session now.
+    from_tail: bool = False
 
 
 @dataclass(slots=True)
@@ -105,13 +108,18 @@ class CallCheck:
             rc.lossless = self._violations == rc.base
 
     def reconnected(
-        self, same_process: bool | None, status: int, *, forwarded: bool = False
+        self,
+        same_process: bool | None,
+        status: int,
+        *,
+        forwarded: bool = False,
+        from_tail: bool = False,
     ) -> None:
         """A reconnect with ``Last-Event-ID`` was answered with ``status``. Whether it resumed
         losslessly is decided by what the call accepts next; a reconnect followed by nothing
         but another reconnect stays undecided (``None``)."""
         self._close()
-        rc = Reconnect(same_process, status, forwarded, base=self._violations)
+        rc = Reconnect(same_process, status, forwarded, base=self._violations, from_tail=from_tail)
         self.reconnects.append(rc)
         if status < 300:
             self._open = rc
@@ -203,6 +211,10 @@ class Tally:
     same_process_lossless: int = 0
     same_process_lossy: int = 0
     forwarded_reconnects: int = 0
+    #: Reconnects served from a handed-over tail, and how many of them were lossless.
+    tail_resumed: int = 0
+    tail_lossless: int = 0
+    tail_lossy: int = 0
     #: Sessions in which a call did not complete: what the user of the session noticed.
     broken_sessions: int = 0
     #: Calls that failed after they had started (their owner died with them): never retried.
@@ -248,7 +260,12 @@ class Tally:
             if rc.status >= 300:
                 self.reconnects_failed += 1
                 continue
-            self.cross_process_resumed += rc.same_process is False
+            if rc.from_tail:
+                self.tail_resumed += 1
+                self.tail_lossless += rc.lossless is True
+                self.tail_lossy += rc.lossless is False
+            else:
+                self.cross_process_resumed += rc.same_process is False
             if rc.lossless is True:
                 self.lossless += 1
                 self.same_process_lossless += rc.same_process is True

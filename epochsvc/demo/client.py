@@ -35,7 +35,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from epochsvc.demo.checker import REPLICA_HEADER, CallCheck
 from epochsvc.demo.proxy import BACKEND_HEADER, CLIENT_HEADER
 from mcp_epoch import EpochClient, ResumptionRejected
-from mcp_epoch.contract import FORWARDED_BY_HEADER, REJECTED_HEADER
+from mcp_epoch.contract import FORWARDED_BY_HEADER, REJECTED_HEADER, TAIL_OF_HEADER
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,13 @@ class DemoClient(abc.ABC):
         elif request.method == "GET" and "last-event-id" in request.headers:
             origin = self._stream_origin
             same = None if origin is None or served is None else served == origin
-            call.reconnected(same, response.status_code, forwarded=forwarded)
+            from_tail = TAIL_OF_HEADER in response.headers
+            call.reconnected(
+                None if from_tail else same,
+                response.status_code,
+                forwarded=forwarded,
+                from_tail=from_tail,
+            )
             if response.status_code < 300:
                 self._stream_origin = served
 

@@ -179,7 +179,8 @@ class LocalProcessFleet(FleetDriver):
                     contract.ENV_POD_NAME: name,
                     contract.ENV_POD_UID: uid,
                     contract.ENV_BUFFER: str(self.buffer_events),
-                    contract.ENV_DRAIN: str(self.termination.grace - 1.0),
+                    # Room after the deadline for the exit itself (the operator leaves 5 s).
+                    contract.ENV_DRAIN: str(self.termination.grace - 2.0),
                 }
             )
         cmd = [sys.executable, "-m", "epochsvc.demo.replica", "--kind", self.kind, "--name", name]

@@ -52,6 +52,10 @@ ROWS: list[Row] = [
         lambda f: f"{f.tally.same_process_lossless} / {f.tally.same_process_lossy}",
     ),
     ("  other process: resumed anyway", lambda f: f.tally.cross_process_resumed),
+    (
+        "  from a handed-over tail: lossless / lossy",
+        lambda f: f"{f.tally.tail_lossless} / {f.tally.tail_lossy}",
+    ),
     ("  rejected (404, re-initialize)", lambda f: f.tally.reconnects_rejected),
     ("rejections -> re-initialized", lambda f: f"{f.reinits} -> {f.reinits_ok}"),
     ("  re-init time p50 / p99", lambda f: f"{_s(f.reinit_p50)} / {_s(f.reinit_p99)}"),
@@ -114,6 +118,8 @@ def _safe(f: FleetResult, failed: list[str], *, exact_client: bool) -> None:
         )
     if exact_client and t.same_process_lossy:
         failed.append(f"{name}: {t.same_process_lossy} same-epoch reconnects were not lossless")
+    if exact_client and t.tail_lossy:
+        failed.append(f"{name}: {t.tail_lossy} resumptions from a handed-over tail were lossy")
     avoidable = sum(f.reasons.get(r, 0) for r in AVOIDABLE)
     if avoidable:
         failed.append(

@@ -196,11 +196,12 @@ class Forwarder:
         client), :class:`OwnerMoved` when it handed the session on (nothing ran, nothing was
         sent), :class:`OwnerLost` when the owner took the request and went away unanswered.
 
-        ``hold(what)`` (the owner and the kind of relay, for the drain's log) is held for the relays a drain of this process must wait for: a POST
-        from the start until its relay ends (its length is the owner's answer), a GET only
-        while relaying a replay the owner marks as a call's stream. Any other GET is the
-        standalone stream, of unbounded length: a drain does not wait for it, and a client cut
-        off resumes it elsewhere from its cursor.
+        ``hold(what)`` (the owner and the kind of relay, for the drain's log) is held for
+        the relays a drain of this process must wait for: a POST from the start until its
+        relay ends (its length is the owner's answer), a GET only while relaying a replay the
+        owner marks as a call's stream. Any other GET is the standalone stream, of unbounded
+        length: a drain does not wait for it, and a client cut off resumes it elsewhere from
+        its cursor.
         """
         held = hold or _no_hold
         if scope.get("method") == "POST":

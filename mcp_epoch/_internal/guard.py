@@ -49,6 +49,7 @@ from mcp_epoch.contract import (
     MOVED_TO_HEADER,
     REJECTED_HEADER,
     SESSION_SEPARATOR,
+    TAIL_OF_HEADER,
     ProcessEpoch,
 )
 
@@ -440,6 +441,7 @@ class ResumptionGuard:
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-cache, no-transform"),
             (SESSION_HEADER, (tag.public_id or "").encode("latin-1")),
+            (TAIL_OF_HEADER.encode(), str(plan.tail.epoch).encode()),
         ]
         if request.forwarded and not standalone:
             headers.append((CALL_STREAM_HEADER.encode(), b"1"))
