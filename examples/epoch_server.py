@@ -17,6 +17,7 @@ import sys
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
 
 import mcp_epoch
 
@@ -36,6 +37,17 @@ async def countdown(n: int, delay: float = 0.05, close_after: int = 0, ctx: Cont
             await ctx.close_sse_stream()
         await anyio.sleep(delay)
     return f"done {n}"
+
+
+class Confirmation(BaseModel):
+    ok: bool
+
+
+@mcp.tool()
+async def confirm(question: str, ctx: Context = None) -> str:  # type: ignore[assignment]
+    """Ask the client ``question`` (an elicitation the tool waits for) and say what it answered."""
+    result = await ctx.elicit(question, Confirmation)
+    return f"{result.action}: {getattr(result, 'data', None)}"
 
 
 app = mcp_epoch.epoch_safe_app(mcp, retry_interval=100)

@@ -22,11 +22,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
 
-import anyio
-
-from mcp_epoch._internal import handover
+from mcp_epoch._internal import handover, inprocess
 from mcp_epoch._internal.body import BodyTooLarge, read_body
-from mcp_epoch._internal.guard import ASGIApp, Message, Receive, Scope, Send, error_body, respond
+from mcp_epoch._internal.guard import ASGIApp, Receive, Scope, Send, error_body, respond
 from mcp_epoch._internal.handover import HandedSession
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
 from mcp_epoch._internal.snapshot import EpochSnapshot
@@ -38,10 +36,7 @@ log = logging.getLogger(__name__)
 #: How long a hand-on waits for this process's copy of the ledger to show the sender's rule
 #: (the sender records it just before it sends).
 RULE_WAIT: Final = 5.0
-#: One rebuilding request to the SDK app (it answers at once: no tool runs).
-REBUILD_TIMEOUT: Final = 10.0
 SESSION_HEADER: Final = b"mcp-session-id"
-PROTOCOL_HEADER: Final = b"mcp-protocol-version"
 
 WaitView = Callable[[Callable[[EpochSnapshot], bool], float], Awaitable[bool]]
 
@@ -182,55 +177,16 @@ class Adopter:
     async def _request(
         self, base: Scope, session: HandedSession, body: bytes, local_id: str | None
     ) -> tuple[int, dict[bytes, bytes], bytes]:
-        """One request to the SDK app, in process, read to its end."""
-        headers = [
-            (b"host", (session.host or "localhost").encode("latin-1")),
-            (b"content-type", b"application/json"),
-            (b"accept", b"application/json, text/event-stream"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        if local_id is not None:
-            headers.append((SESSION_HEADER, local_id.encode("latin-1")))
-            if session.protocol_version is not None:
-                headers.append((PROTOCOL_HEADER, session.protocol_version.encode("latin-1")))
-        path = session.path
-        scope = dict(
-            base,
-            method="POST",
-            path=path,
-            raw_path=path.encode("latin-1"),
-            query_string=b"",
-            headers=headers,
-        )
-        done = anyio.Event()
-        given = False
-        status = 0
-        answer_headers: dict[bytes, bytes] = {}
-        chunks: list[bytes] = []
-
-        async def receive() -> Message:
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await done.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                answer_headers.update((bytes(k).lower(), bytes(v)) for k, v in message["headers"])
-            elif message["type"] == "http.response.body":
-                chunks.append(bytes(message.get("body", b"")))
-                if not message.get("more_body", False):
-                    done.set()
-
         try:
-            with anyio.fail_after(REBUILD_TIMEOUT):
-                await self._app(scope, receive, send)
+            return await inprocess.request(
+                self._app,
+                base,
+                "POST",
+                session.path,
+                session.host,
+                body,
+                local_id,
+                session.protocol_version if local_id is not None else None,
+            )
         except TimeoutError:
             raise AdoptFailed("the SDK app did not answer") from None
-        finally:
-            done.set()
-        return status, answer_headers, b"".join(chunks)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from mcp_epoch._internal import unfinished
+from mcp_epoch._internal import inprocess, unfinished
 from mcp_epoch._internal.adopt import Adopter
 from mcp_epoch._internal.config import ReplicaConfig
 from mcp_epoch._internal.guard import (
@@ -39,6 +39,7 @@ from mcp_epoch._internal.keyring import follower
 from mcp_epoch._internal.listen import end_listens_on_drain
 from mcp_epoch._internal.liveview import LiveEpochView
 from mcp_epoch._internal.process import ProcessStart, start_process_epoch
+from mcp_epoch._internal.sessions import SessionTag
 from mcp_epoch._internal.snapshot import EpochSnapshot
 from mcp_epoch._internal.store import NOT_STARTED, EpochEventStore
 from mcp_epoch.contract import HANDOFF_PATH, METRICS_PATH, READY_PATH, ProcessEpoch
@@ -48,6 +49,8 @@ log = logging.getLogger("mcp_epoch")
 #: How long start-up waits for the first copy of the ledger. Serving before it would refuse
 #: every foreign cursor as ``unknown``: safe, but the wrong reason.
 FIRST_SYNC_TIMEOUT = 3.0
+#: How long ending the sessions a drain keeps at its deadline may take, in all.
+END_SESSIONS_SECONDS = 1.0
 INTERNAL_ERROR = -32603
 
 
@@ -83,11 +86,8 @@ class DrainResult:
     seconds: float
     handed: int = 0
     kept: int = 0
+    hit_deadline: bool = False
     held_by: tuple[tuple[str, bool], ...] = ()
-
-    @property
-    def hit_deadline(self) -> bool:
-        return bool(self.abandoned or self.held_by)
 
 
 class EpochSafeApp:
@@ -132,6 +132,9 @@ class EpochSafeApp:
         self._first_sync_timeout = first_sync_timeout
         self.process_start: ProcessStart | None = None
         self.last_drain: DrainResult | None = None
+        self._inner = inner
+        #: A scope the server gave a real request: in-process requests are built on it.
+        self._template: Scope | None = None
 
     @property
     def epoch(self) -> ProcessEpoch:
@@ -219,25 +222,31 @@ class EpochSafeApp:
                 await handoff.hand_on_all()
                 await self.inflight.wait_idle()
         handoff.over()
-        kept = sum(1 for t in self._guard.sessions.tags() if t.moved_to is None)
+        left = [t for t in self._guard.sessions.tags() if t.moved_to is None]
+        kept = len(left)
+        if deadline_scope.cancelled_caught:
+            await self._end_sessions(left)
         result = DrainResult(
             waiting,
             len(self.inflight),
             time.monotonic() - began,
             handed=handoff.handed,
             kept=kept if handoff.successor is not None else 0,
+            hit_deadline=deadline_scope.cancelled_caught,
             held_by=tuple(self.inflight.pending()) if deadline_scope.cancelled_caught else (),
         )
         self.last_drain = result
         cut = self._guard.forwarder.cut_relays()  # endless GET streams, and any late POST
         if cut:
             log.info("cut %d forwarded streams; their clients resume elsewhere", cut)
-        if result.abandoned:
+        if result.hit_deadline:
             log.warning(
-                "drain deadline of %.0fs passed with %d requests in flight (id, answered): %s",
+                "drain deadline of %.0fs passed with %d requests in flight (id, answered): %s; "
+                "%d sessions end here, not handed on",
                 limit,
                 result.abandoned,
-                self.inflight.pending()[:10],
+                list(result.held_by[:10]),
+                kept,
             )
         else:
             log.info(
@@ -247,6 +256,34 @@ class EpochSafeApp:
                 result.handed,
             )
         return result
+
+    async def _end_sessions(self, tags: list[SessionTag]) -> None:
+        """End the sessions a drain that ran out of time keeps (``DELETE``, in process): what
+        they had pending fails now (their server-to-client requests included), instead of the
+        SDK's shutdown waiting, per request, for a stream nobody reads any more (seconds each,
+        which a kubelet's grace period does not have)."""
+        template = self._template
+        if template is None:
+            return
+
+        async def end(tag: SessionTag) -> None:
+            assert template is not None and tag.session_id is not None
+            with contextlib.suppress(TimeoutError):
+                await inprocess.request(
+                    self._inner,
+                    template,
+                    "DELETE",
+                    tag.path or str(template.get("path", "/")),
+                    tag.host,
+                    session=tag.session_id,
+                    protocol_version=tag.protocol_version,
+                )
+
+        with anyio.move_on_after(END_SESSIONS_SECONDS):
+            async with anyio.create_task_group() as tg:
+                for tag in tags:
+                    if tag.session_id is not None:
+                        tg.start_soon(end, tag)
 
     def _closing_when_draining(self, send: Send) -> Send:
         """While draining, every answer says ``Connection: close``: no client or peer keeps an
@@ -321,6 +358,8 @@ class EpochSafeApp:
             await self._adopter(scope, receive, send)
             return
         if scope["type"] == "http":
+            if self._template is None:
+                self._template = {k: v for k, v in scope.items() if k != "headers"}
             await self._guard(scope, receive, self._closing_when_draining(send))
             return
         if scope["type"] != "lifespan":

@@ -190,6 +190,7 @@ class Handoff:
             for tag, event in events.items():
                 self._moving.pop(tag, None)
                 event.set()
+            self._inflight.wake()  # hand_on_all may be waiting for these to settle
         return not self._broken
 
     def _export(self, tags: list[SessionTag]) -> dict[str, tuple[SessionTag, HandedSession]]:

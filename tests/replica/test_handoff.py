@@ -8,6 +8,7 @@ cursor is served exactly from the old owner's handed-over tail or rejected, neve
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -182,3 +183,29 @@ def test_a_hand_on_is_taken_only_from_the_process_the_ledger_names(
         assert r.status_code == 400
         assert metric(b, http, "mcp_epoch_sessions_adopted_total") == 0
         assert epoch_service.send(api.list_server(NS, SERVER)).epochs[0].successor is None
+
+
+def test_a_drain_that_runs_out_of_time_ends_what_it_keeps_at_once(
+    epoch_service: EpochServiceProcess, http: httpx.Client, tmp_path: Path
+) -> None:
+    """A call waiting for an elicitation whose client went away never ends: the drain runs to
+    its deadline, then ends that session, so the process exits at once (the SDK's own shutdown
+    waited seconds per pending request for a stream nobody reads)."""
+    with replicas(epoch_service, http, tmp_path, ("a",), MCP_EPOCH_DRAIN_SECONDS="1") as (a,):
+        s = RawSession(a.url, http).initialize()
+        body = {
+            "jsonrpc": "2.0",
+            "id": 4,
+            "method": "tools/call",
+            "params": {"name": "confirm", "arguments": {"question": "ok?"}},
+        }
+        with http.stream("POST", a.url, json=body, headers=s.headers()) as call:
+            next(line for line in call.iter_lines() if "elicitation/create" in line)
+        # The client is gone with the question unanswered.
+        began = time.monotonic()
+        a.srv.proc.send_signal(signal.SIGTERM)
+        assert a.srv.proc.wait(10) == 0
+        assert time.monotonic() - began < 4.0
+        log = (tmp_path / "a.log").read_text()
+        assert "drain deadline of 1s passed" in log and "('4', False)" in log
+        assert "transport write blocked" not in log
