@@ -43,6 +43,9 @@ RATE_ANNOTATION: Final = f"{GROUP}/events-per-second"
 PORT_ANNOTATION: Final = f"{GROUP}/port"
 DRAIN_ANNOTATION: Final = f"{GROUP}/drain-seconds"
 PRESTOP_ANNOTATION: Final = f"{GROUP}/prestop-seconds"
+#: Pod annotation of a plain Deployment's pods: ``"off"`` keeps a draining process from
+#: handing its sessions on (tools that keep per-session state in process memory).
+HANDOFF_ANNOTATION: Final = f"{GROUP}/handoff"
 #: On an McpServer: set to a new value (a date, a ticket) to rotate its request-state key ring.
 ROTATE_ANNOTATION: Final = f"{GROUP}/rotate-request-state"
 

@@ -21,6 +21,7 @@ from mcp_epoch.contract import (
     DEFAULT_PRESTOP_SECONDS,
     DEFAULT_RECONNECT_WINDOW_SECONDS,
     ENV_DRAIN,
+    ENV_HANDOFF,
     INJECTED_ENV,
     MAX_OPERATOR_BUFFER_EVENTS,
     READY_PATH,
@@ -141,6 +142,8 @@ class Drain:
     seconds: int = DEFAULT_DRAIN_SECONDS
     prestop: int = DEFAULT_PRESTOP_SECONDS
     min_ready: int = DEFAULT_MIN_READY_SECONDS
+    #: The draining process hands its sessions on (``spec.drain.handoff``).
+    handoff: bool = True
 
     @classmethod
     def of(cls, spec: dict[str, Any]) -> Drain:
@@ -149,6 +152,7 @@ class Drain:
             int(d.get("seconds", DEFAULT_DRAIN_SECONDS)),
             int(d.get("preStopSeconds", DEFAULT_PRESTOP_SECONDS)),
             int(d.get("minReadySeconds", DEFAULT_MIN_READY_SECONDS)),
+            d.get("handoff", True) is not False,
         )
 
     @property
@@ -161,7 +165,13 @@ class Drain:
         if grace is None:
             return self
         prestop = min(self.prestop, max(grace - 1, 0))
-        return Drain(min(self.seconds, max(grace - prestop - 1, 0)), prestop, self.min_ready)
+        seconds = min(self.seconds, max(grace - prestop - 1, 0))
+        return Drain(seconds, prestop, self.min_ready, self.handoff)
+
+
+def handoff_value(on: bool) -> str:
+    """``MCP_EPOCH_HANDOFF`` as the library reads it."""
+    return "on" if on else "off"
 
 
 def replica_env(
@@ -179,6 +189,7 @@ def replica_env(
         field_env(ENV_POD_UID, "metadata.uid"),
         {"name": ENV_BUFFER, "value": str(buffer)},
         {"name": ENV_DRAIN, "value": str((drain or Drain()).seconds)},
+        {"name": ENV_HANDOFF, "value": handoff_value((drain or Drain()).handoff)},
     ]
     if service_url:
         env.append({"name": ENV_SERVICE_URL, "value": service_url})

@@ -20,7 +20,9 @@ from mcp_epoch.contract import (
     DEFAULT_EVENTS_PER_SECOND,
     DEFAULT_RECONNECT_WINDOW_SECONDS,
     DNS1123_LABEL_RE,
+    ENV_HANDOFF,
     ENV_SERVICE_TOKEN_FILE,
+    HANDOFF_ANNOTATION,
     RATE_ANNOTATION,
     TOKEN_EXPIRATION_SECONDS,
     TOKEN_FILE,
@@ -48,6 +50,7 @@ from mcp_epoch_operator.resources import (
     ReplicaDefaults,
     buffer_events,
     field_env,
+    handoff_value,
     secret_env,
 )
 
@@ -109,6 +112,10 @@ def _env_defaults(
         field_env(ENV_POD_NAME, "metadata.name"),
         field_env(ENV_POD_UID, "metadata.uid"),
         {"name": ENV_BUFFER, "value": str(buffer)},
+        {
+            "name": ENV_HANDOFF,
+            "value": handoff_value(str(annotations.get(HANDOFF_ANNOTATION, "on")).lower() != "off"),
+        },
     ]
     if defaults.service_url:
         env.append({"name": ENV_SERVICE_URL, "value": defaults.service_url})

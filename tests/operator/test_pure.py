@@ -114,6 +114,7 @@ def test_deployment_shape() -> None:
     # The drain defaults: preStop sleep, drain deadline, a grace period covering both.
     assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 3}}}
     assert env["MCP_EPOCH_DRAIN_SECONDS"] == "25"
+    assert env["MCP_EPOCH_HANDOFF"] == "on"  # sessions outlive their process by default
     assert template["spec"]["terminationGracePeriodSeconds"] == 3 + 25 + 5
     assert dep["spec"]["minReadySeconds"] == 3
 
@@ -137,6 +138,16 @@ def test_drain_comes_from_the_spec_and_an_explicit_grace_period_wins() -> None:
     container = tiny["spec"]["template"]["spec"]["containers"][0]
     assert "lifecycle" not in container
     assert env_map(container)["MCP_EPOCH_DRAIN_SECONDS"] == "0"
+
+
+def test_a_server_opts_out_of_the_handoff_in_its_spec() -> None:
+    dep = build_deployment(mcps(drain={"handoff": False}), DEFAULTS)
+    assert env_map(dep["spec"]["template"]["spec"]["containers"][0])["MCP_EPOCH_HANDOFF"] == "off"
+    # An explicit grace period shortens the drain but keeps the choice.
+    short = build_deployment(
+        mcps(drain={"handoff": False}, terminationGracePeriodSeconds=7), DEFAULTS
+    )
+    assert env_map(short["spec"]["template"]["spec"]["containers"][0])["MCP_EPOCH_HANDOFF"] == "off"
 
 
 def test_readiness_probe_is_the_library_readyz_unless_the_spec_gives_one() -> None:
@@ -284,6 +295,21 @@ def test_plain_pods_size_the_buffer_from_annotations() -> None:
     }
     inject(pod, "0123abcd-2", "echo", DEFAULTS)
     assert env_map(pod["spec"]["containers"][0])["MCP_RESUME_BUFFER_EVENTS"] == "12000"
+
+
+def test_plain_pods_opt_out_of_the_handoff_by_annotation() -> None:
+    pod = admission({LABEL: "echo"})["object"]
+    inject(pod, "0123abcd-2", "echo", DEFAULTS)
+    assert env_map(pod["spec"]["containers"][0])["MCP_EPOCH_HANDOFF"] == "on"
+    pod = admission({LABEL: "echo"})["object"]
+    pod["metadata"]["annotations"] = {"mcp.epochs.dev/handoff": "Off"}
+    inject(pod, "0123abcd-2", "echo", DEFAULTS)
+    assert env_map(pod["spec"]["containers"][0])["MCP_EPOCH_HANDOFF"] == "off"
+    # A container that sets it itself keeps its own value.
+    pod = admission({LABEL: "echo"})["object"]
+    pod["spec"]["containers"][0]["env"] = [{"name": "MCP_EPOCH_HANDOFF", "value": "off"}]
+    inject(pod, "0123abcd-2", "echo", DEFAULTS)
+    assert env_map(pod["spec"]["containers"][0])["MCP_EPOCH_HANDOFF"] == "off"
 
 
 def test_refusal_message_says_what_why_and_what_to_do() -> None:
