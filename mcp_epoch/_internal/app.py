@@ -268,6 +268,7 @@ class EpochSafeApp:
 
         async def end(tag: SessionTag) -> None:
             assert template is not None and tag.session_id is not None
+            tag.ending = True
             with contextlib.suppress(TimeoutError):
                 await inprocess.request(
                     self._inner,

@@ -15,6 +15,7 @@ This module does not import ``mcp``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -43,6 +44,7 @@ from mcp_epoch._internal.resume import ResumeState, current_resume
 from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
 from mcp_epoch._internal.snapshot import EpochSnapshot
+from mcp_epoch._internal.unfinished import UNFINISHED
 from mcp_epoch.contract import (
     CALL_STREAM_HEADER,
     FORWARDED_TO_HEADER,
@@ -503,6 +505,7 @@ class ResumptionGuard:
         call_stream: bool = False,
     ) -> Send:
         own = str(self.store.epoch)
+        task = asyncio.current_task()
         swallowing = False
         whole = False  # a JSON (not SSE) answer: its end delivers the call
 
@@ -526,6 +529,12 @@ class ResumptionGuard:
                     for k, v in message["headers"]
                 )
             elif swallowing:
+                return
+            elif tag is not None and tag.ending and not message.get("more_body", False):
+                # A drain that ran out of time ends this session: its streams are cut, not
+                # ended, so the client comes back (and hears the session is gone) instead of
+                # waiting for an answer on a stream that looks complete.
+                UNFINISHED.expect(task)
                 return
             elif resume is not None and resume.broken and not message.get("more_body", False):
                 # Never end a resumed stream that lost events as if it were complete: without

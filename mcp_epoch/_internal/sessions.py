@@ -33,6 +33,7 @@ class SessionTag:
 
     __slots__ = (
         "__weakref__",
+        "ending",
         "host",
         "initialize",
         "log_level",
@@ -57,6 +58,8 @@ class SessionTag:
         self.tails: tuple[Tail, ...] = ()
         #: Set once this process handed the session on: the process that holds it now.
         self.moved_to: ProcessEpoch | None = None
+        #: Set when a drain that ran out of time ends the session: its streams are cut.
+        self.ending = False
 
     def __repr__(self) -> str:
         return f"SessionTag({self.session_id!r})"

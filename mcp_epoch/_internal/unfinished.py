@@ -8,7 +8,9 @@ got:
 
 * a stream relayed from an owner that went away mid-answer (a drop, passed on as one);
 * the streams a draining process cuts once its calls are delivered (its forwarded open-ended
-  streams, and the SDK's own streams, which end as the server exits).
+  streams, and the SDK's own streams, which end as the server exits);
+* the streams of the sessions a drain that ran out of time ends (cut rather than ended, so
+  their clients come back and are told the session is gone, instead of waiting).
 
 One rolling deploy of three replicas logged 88 such ERRORs, which would page whoever alerts
 on ERROR. :data:`UNFINISHED` drops the line for exactly those responses: one the forwarder
@@ -38,11 +40,11 @@ class UnfinishedOnPurpose(logging.Filter):
         self._exiting = False
         self.at_exit = 0
 
-    def expect(self) -> None:
-        """The response of the running task ends unfinished on purpose. uvicorn logs from the
-        task that ran the app; a task that never logs (its client left first) is forgotten
-        with it."""
-        task = asyncio.current_task()
+    def expect(self, task: asyncio.Task[object] | None = None) -> None:
+        """The response of ``task`` (default: the running task) ends unfinished on purpose.
+        uvicorn logs from the task that ran the app; a task that never logs (its client left
+        first) is forgotten with it."""
+        task = task or asyncio.current_task()
         if task is not None:
             self._expected.add(task)
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from mcp_epoch import api
 from mcp_epoch.contract import (
@@ -188,24 +189,31 @@ def test_a_hand_on_is_taken_only_from_the_process_the_ledger_names(
 def test_a_drain_that_runs_out_of_time_ends_what_it_keeps_at_once(
     epoch_service: EpochServiceProcess, http: httpx.Client, tmp_path: Path
 ) -> None:
-    """A call waiting for an elicitation whose client went away never ends: the drain runs to
-    its deadline, then ends that session, so the process exits at once (the SDK's own shutdown
-    waited seconds per pending request for a stream nobody reads)."""
+    """A call waiting for an elicitation nobody answers never ends: the drain runs to its
+    deadline, then ends that session. The process exits at once (the SDK's own shutdown waited
+    seconds per pending request for a stream nobody reads), and a client still on the call's
+    stream sees it cut, not ended: it comes back and is told, instead of waiting."""
     with replicas(epoch_service, http, tmp_path, ("a",), MCP_EPOCH_DRAIN_SECONDS="1") as (a,):
         s = RawSession(a.url, http).initialize()
-        body = {
-            "jsonrpc": "2.0",
-            "id": 4,
-            "method": "tools/call",
-            "params": {"name": "confirm", "arguments": {"question": "ok?"}},
-        }
-        with http.stream("POST", a.url, json=body, headers=s.headers()) as call:
-            next(line for line in call.iter_lines() if "elicitation/create" in line)
-        # The client is gone with the question unanswered.
-        began = time.monotonic()
-        a.srv.proc.send_signal(signal.SIGTERM)
+
+        def confirm(rid: int) -> dict[str, object]:
+            params = {"name": "confirm", "arguments": {"question": "ok?"}}
+            return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+        with http.stream("POST", a.url, json=confirm(4), headers=s.headers()) as gone:
+            next(line for line in gone.iter_lines() if "elicitation/create" in line)
+        # That client is gone with the question unanswered; this one is still listening.
+        with http.stream("POST", a.url, json=confirm(5), headers=s.headers()) as waiting:
+            lines = waiting.iter_lines()
+            next(line for line in lines if "elicitation/create" in line)
+            began = time.monotonic()
+            a.srv.proc.send_signal(signal.SIGTERM)
+            with pytest.raises(httpx.RemoteProtocolError):
+                for _ in lines:
+                    pass
         assert a.srv.proc.wait(10) == 0
         assert time.monotonic() - began < 4.0
         log = (tmp_path / "a.log").read_text()
         assert "drain deadline of 1s passed" in log and "('4', False)" in log
         assert "transport write blocked" not in log
+        assert "ASGI callable returned without completing response" not in log
