@@ -282,6 +282,51 @@ def test_the_operators_account_works_and_nothing_else_does(scene: Scene) -> None
             assert answer.json()["code"] == "forbidden"
 
 
+def test_a_pod_hands_on_only_its_own_sessions_and_only_within_its_server(scene: Scene) -> None:
+    a1, b1 = scene.pods["a1"], scene.pods["b1"]
+    peer = scene.api.pod(a1.namespace, f"a3-{secrets.token_hex(2)}")  # another pod of s1
+    with scene.svc.client(scene.operator) as op:
+        body = {"namespace": peer.namespace, "server": "s1", "request_uid": f"r-{peer.name}"}
+        peer_epoch = op.post("/v1/epochs", json=body).json()["epoch"]
+        op.post(
+            f"/v1/epochs/{peer_epoch}/bind", json={"pod_name": peer.name, "pod_uid": peer.uid}
+        ).raise_for_status()
+    processes = {}
+    for key, pod, epoch in (
+        ("a1", a1, scene.epochs["a1"]),
+        ("a2", scene.pods["a2"], scene.epochs["a2"]),
+        ("b1", b1, scene.epochs["b1"]),
+        ("peer", peer, peer_epoch),
+    ):
+        with scene.svc.client(pod.token) as c:
+            answer = c.post(f"/v1/epochs/{epoch}/incarnations")
+            assert answer.status_code == 201, answer.text
+            processes[key] = answer.json()["process_epoch"]
+
+    def hand(by: Pod, owner: str, to: str) -> httpx.Response:
+        with scene.svc.client(by.token) as c:
+            return c.put(f"/v1/epochs/{processes[owner]}/successor", json={"successor": to})
+
+    # Another pod of the same server cannot hand a1's sessions anywhere, nor claim them.
+    stolen = hand(peer, "a1", processes["peer"])
+    assert stolen.status_code == 403 and stolen.json()["code"] == "not-your-epoch"
+    # a1 hands only within its own server: not to s2, not to s1 of another namespace.
+    for other in ("a2", "b1"):
+        refused = hand(a1, "a1", processes[other])
+        assert refused.status_code == 403 and refused.json()["code"] == "illegal-handoff"
+        assert all(p.uid not in refused.text for p in scene.pods.values())
+    with scene.svc.client(scene.operator) as op:
+        rule = op.get(f"/v1/epochs/{scene.epochs['a1']}").json()
+    assert rule["successor"] is None
+    ok = hand(a1, "a1", processes["peer"])
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["successor"] == processes["peer"] and ok.json()["pod_uid"] is None
+    # The peer now sees the rule in its own server's epochs; the other server does not.
+    with scene.svc.client(peer.token) as c:
+        listed = c.get(f"/v1/servers/{a1.namespace}/s1/epochs").json()["epochs"]
+    assert {e["epoch"]: e["successor"] for e in listed}[scene.epochs["a1"]] == processes["peer"]
+
+
 def _refused_within(scene: Scene, pod: Pod, path: str, seconds: float) -> bool:
     """Wait until the service refuses the token itself (``forbidden``, not a read it may
     not make): its cache may keep an earlier answer for the cache period."""
