@@ -181,6 +181,12 @@ def test_rolling_deploy_on_kubernetes_naive_fails_mcp_epoch_holds(
     assert epoch["forwarded_requests"] > 0, figures  # owners alive elsewhere were reached
     # Plain SDK clients: nothing foreign, missing or hung; no rejection for a live owner.
     assert plain["foreign"] == 0 and plain["missing"] == 0 and plain["hung"] == 0, figures
+    # Sessions outlive their process: the drained pods handed their sessions on, and no call
+    # of a plain SDK client was refused before it ran (the 404 real clients handle badly).
+    for figures_of in (plain, epoch):
+        assert figures_of["sessions_handed_off"] > 0, figures
+        assert figures_of["handed_off_session_requests"] > 0, figures
+        assert figures_of["failure_causes"]["refused_before_they_ran"] == 0, figures
     for figures_of in (plain, epoch):
         reasons = figures_of["rejection_reasons"]
         assert not any(reasons.get(r) for r in report.AVOIDABLE), figures

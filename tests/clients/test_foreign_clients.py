@@ -1,0 +1,98 @@
+"""Clients nobody here wrote, across a rolling deploy: sessions outlive their process.
+
+The official TypeScript SDK client (1.32) and Go SDK client (1.8), installed from the npm
+registry and the Go module proxy (:mod:`tests.clients.probes`), each hold one session and make
+calls back to back while every replica of an mcp-epoch server is replaced, one at a time,
+behind a balancer that sends every request to the next replica (round-robin per request: most
+requests reach a process that does not hold their session). Neither client re-initializes on a
+404 (the TypeScript client throws, the Go client fails its connection), so one refusal would
+show. Every call must complete, on the same session, and none may wait on a client timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epochsvc.demo.checker import Token
+from epochsvc.demo.fleet import LocalProcessFleet
+from epochsvc.demo.proxy import Balancer
+from epochsvc.demo.service import EpochService
+from tests.clients.probes import go_probe, ts_probe
+
+SECONDS = 30.0  # of calls; the deploy starts after 3 s and must be over well before the end
+STEPS = 8  # 0.8 s per call, with a progress notification per step
+
+
+async def _run_probe(cmd: list[str]) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), SECONDS + 120)
+    assert proc.returncode == 0, f"{cmd[0]} exited {proc.returncode}: {err.decode()[-3000:]}"
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
+
+
+async def _deploy_under(probes: dict[str, list[str]], workdir: Path) -> tuple[Any, ...]:
+    service = EpochService(workdir)
+    service.start()
+    lb = Balancer("request")
+    await lb.start()
+    fleet = LocalProcessFleet("epoch", lb, workdir, service=service)
+    try:
+        await fleet.start(3)
+        first = {r.backend.name for r in fleet.replicas()}
+        runs = {
+            name: asyncio.create_task(
+                _run_probe(
+                    [*cmd, "-url", lb.url, "-seconds", str(SECONDS), "-steps", str(STEPS)]
+                    if name.startswith("go")
+                    else [*cmd, lb.url, str(SECONDS), str(STEPS)]
+                )
+            )
+            for name, cmd in probes.items()
+        }
+        began = time.monotonic()
+        await asyncio.sleep(3.0)
+        await fleet.rolling_deploy(1.0)
+        deployed = time.monotonic() - began
+        # Calls go on after the last old replica is gone, or the test proves nothing.
+        assert deployed < SECONDS - 5, f"the deploy took {deployed:.1f}s of the {SECONDS}s"
+        results = {name: await run for name, run in runs.items()}
+    finally:
+        await fleet.close()
+        await lb.stop()
+        service.stop()
+    return results, first, fleet.replicas()
+
+
+@pytest.mark.timeout(300)
+def test_sdk_clients_keep_their_sessions_through_a_rolling_deploy(tmp_path: Path) -> None:
+    probes = {"ts-1": ts_probe(), "ts-2": ts_probe(), "go-1": go_probe(), "go-2": go_probe()}
+    results, first, replicas = asyncio.run(_deploy_under(probes, tmp_path))
+    for name, result in results.items():
+        calls = result["calls"]
+        assert result["session"], name
+        failed = [c for c in calls if not c["ok"]]
+        assert not failed, (name, failed)
+        # Each call streamed its progress and its own answer: nothing lost, nothing foreign.
+        for c in calls:
+            token = Token.parse(c["text"])
+            assert token is not None and token.call == f"k{c['n']}" and token.n == STEPS, c
+            assert c["progress"] == STEPS, (name, c)
+        # No call waited on a client timeout (the TypeScript client's is 60 s).
+        assert max(c["ms"] for c in calls) < 15_000, (name, calls)
+        # The session outlived every process that held it: its last calls ran on new ones.
+        served = [Token.parse(c["text"]).replica for c in calls]  # type: ignore[union-attr]
+        assert served[-1] not in first, (name, served)
+    replaced = [r for r in replicas if r.backend.name in first]
+    # Every old replica drained, handed its sessions on and exited in time.
+    assert all(not r.killed and r.drain.get("handed", 0) > 0 for r in replaced), [
+        (r.backend.name, r.drain) for r in replaced
+    ]
