@@ -7,7 +7,7 @@ import json
 import anyio
 import pytest
 
-from mcp_epoch._internal.forward import live_peers, route_to
+from mcp_epoch._internal.forward import MAX_MOVES, live_peers, route_for, route_to, successor_of
 from mcp_epoch._internal.inflight import InFlight, requests_in
 from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.snapshot import EpochRecord, EpochSnapshot
@@ -44,6 +44,33 @@ def test_only_that_very_process_of_a_live_or_draining_pod_is_a_route() -> None:
     other = EpochSnapshot.of("00000000" + "0" * 24, 1, [live])
     assert route_to(other, B) is None
     assert route_to(EpochSnapshot(), B) is None
+
+
+def test_a_session_goes_to_its_owner_while_it_lives_then_down_the_handoff_rules() -> None:
+    c = ProcessEpoch.parse("9f2c1a7e-3.0")
+    a_draining = EpochRecord("9f2c1a7e-1", "draining", 0, "10.0.0.1:8080", str(B), 0)
+    a_retired = EpochRecord("9f2c1a7e-1", "retired", 0, "10.0.0.1:8080", str(B), 0)
+    b_live = EpochRecord("9f2c1a7e-2", "live", 3, "10.0.0.2:8080")
+    b_retired = EpochRecord("9f2c1a7e-2", "retired", 3, "10.0.0.2:8080", str(c), 3)
+    c_live = EpochRecord("9f2c1a7e-3", "live", 0, "10.0.0.3:8080")
+    # The owner itself while it drains (it sends on what it handed over) ...
+    assert route_for(view(a_draining, b_live), A).epoch == A  # type: ignore[union-attr]
+    # ... then its successor, and the successor's, as each is retired in turn.
+    assert route_for(view(a_retired, b_live), A).epoch == B  # type: ignore[union-attr]
+    assert route_for(view(a_retired, b_retired, c_live), A).epoch == c  # type: ignore[union-attr]
+    assert successor_of(view(a_retired), A) == B
+    # A rule is one process's: not its pod's next process, and a crash records none.
+    assert successor_of(view(a_retired), ProcessEpoch.parse("9f2c1a7e-1.1")) is None
+    crashed = EpochRecord("9f2c1a7e-1", "retired", 0, "10.0.0.1:8080")
+    assert route_for(view(crashed, b_live), A) is None
+    # The chain ends where no one lives, and a loop (which the ledger never records) ends.
+    assert route_for(view(a_retired, b_retired), A) is None
+    loop = [
+        EpochRecord("9f2c1a7e-1", "retired", 0, None, str(B), 0),
+        EpochRecord("9f2c1a7e-2", "retired", 3, None, str(A), 3),
+    ]
+    assert route_for(view(*loop), A) is None
+    assert MAX_MOVES >= 2
 
 
 def test_live_peers_are_the_other_live_pods_with_an_address() -> None:
