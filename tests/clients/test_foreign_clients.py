@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from epochsvc.demo.checker import Token
@@ -96,3 +98,62 @@ def test_sdk_clients_keep_their_sessions_through_a_rolling_deploy(tmp_path: Path
     assert all(not r.killed and r.drain.get("handed", 0) > 0 for r in replaced), [
         (r.backend.name, r.drain) for r in replaced
     ]
+
+
+async def _refused_beside(probe: list[str], workdir: Path) -> dict[str, Any]:
+    service = EpochService(workdir)
+    service.start()
+    lb = Balancer("link")
+    fleet = LocalProcessFleet(
+        "epoch", lb, workdir, service=service, env={"MCP_EPOCH_HANDOFF": "off"}
+    )
+    try:
+        await fleet.start(2)
+        owner = fleet.replicas()[0]
+        url = f"http://{owner.backend.host}:{owner.backend.port}"
+        proc = await asyncio.create_subprocess_exec(
+            *probe,
+            "-url",
+            f"{url}/mcp",
+            "-overlap",
+            "-steps",
+            "20",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert json.loads(line) == {"in_flight": 1}, line
+        assert owner.proc is not None
+        owner.proc.send_signal(signal.SIGTERM)  # the owner drains with the first call running
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            for _ in range(500):  # polling a condition the process reaches by itself
+                if (await http.get(f"{url}/readyz")).status_code != 200:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the owner never began to drain")
+        proc.stdin.write(b"next\n")  # now the second call: refused before it runs
+        await proc.stdin.drain()
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+        return result
+    finally:
+        await fleet.close()
+        service.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_call_does_not_take_the_go_clients_call_in_flight_down(tmp_path: Path) -> None:
+    """Where a session cannot move (handoff off here), a draining owner refuses a new call
+    before it runs. Its error echoes the request's id: the Go SDK client cannot decode an
+    error with a null id and took the 404 for a lost session ("session not found"), failing
+    the connection. The refusal must reach it as that one call's error, and the call still
+    running on the owner must complete."""
+    first, second = asyncio.run(_refused_beside(go_probe(), tmp_path))["calls"]
+    assert (not second["ok"] and "404" in second["error"]) or "retired" in second["error"], second
+    assert first["ok"] and first["progress"] == 20, first
+    token = Token.parse(first["text"])
+    assert token is not None and token.call == "k1" and token.n == 20

@@ -4,11 +4,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,12 +30,17 @@ func main() {
 	url := flag.String("url", "", "the MCP endpoint")
 	seconds := flag.Float64("seconds", 10, "how long to keep making calls")
 	steps := flag.Int("steps", 10, "progress steps per call (0.1 s each)")
+	overlap := flag.Bool("overlap", false, "one long call, and a second one sent while it runs "+
+		"once a line arrives on stdin (the first call's progress is announced on stdout)")
 	flag.Parse()
 
 	var progress atomic.Int64
+	firstProgress := make(chan struct{})
+	var once sync.Once
 	client := mcp.NewClient(&mcp.Implementation{Name: "go-probe", Version: "1"}, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) {
 			progress.Add(1)
+			once.Do(func() { close(firstProgress) })
 		},
 	})
 	ctx := context.Background()
@@ -44,33 +51,56 @@ func main() {
 		fmt.Fprintln(os.Stderr, "connect:", err)
 		os.Exit(2)
 	}
+	if *overlap {
+		overlapping(ctx, session, *steps, firstProgress, &progress)
+		return
+	}
 	var calls []call
 	end := time.Now().Add(time.Duration(*seconds * float64(time.Second)))
 	for n := 1; time.Now().Before(end); n++ {
-		before := progress.Load()
-		began := time.Now()
-		callCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		res, err := session.CallTool(callCtx, &mcp.CallToolParams{
-			Name:      "work",
-			Arguments: map[string]any{"uid": "go", "call": fmt.Sprintf("k%d", n), "steps": *steps, "interval": 0.1},
-			Meta:      mcp.Meta{"progressToken": fmt.Sprintf("p%d", n)},
-		})
-		cancel()
-		c := call{N: n, Ms: time.Since(began).Milliseconds(), Progress: progress.Load() - before}
-		if err != nil {
-			c.Error = err.Error()
-		} else if res.IsError {
-			c.Error = "tool error"
-		} else {
-			c.OK = true
-			if len(res.Content) > 0 {
-				if t, ok := res.Content[0].(*mcp.TextContent); ok {
-					c.Text = t.Text
-				}
+		calls = append(calls, callWork(ctx, session, n, *steps, &progress))
+	}
+	out, _ := json.Marshal(map[string]any{"session": session.ID(), "calls": calls})
+	fmt.Println(string(out))
+	_ = session.Close()
+}
+
+func callWork(ctx context.Context, session *mcp.ClientSession, n, steps int, progress *atomic.Int64) call {
+	before := progress.Load()
+	began := time.Now()
+	callCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	res, err := session.CallTool(callCtx, &mcp.CallToolParams{
+		Name:      "work",
+		Arguments: map[string]any{"uid": "go", "call": fmt.Sprintf("k%d", n), "steps": steps, "interval": 0.1},
+		Meta:      mcp.Meta{"progressToken": fmt.Sprintf("p%d", n)},
+	})
+	c := call{N: n, Ms: time.Since(began).Milliseconds(), Progress: progress.Load() - before}
+	if err != nil {
+		c.Error = err.Error()
+	} else if res.IsError {
+		c.Error = "tool error"
+	} else {
+		c.OK = true
+		if len(res.Content) > 0 {
+			if t, ok := res.Content[0].(*mcp.TextContent); ok {
+				c.Text = t.Text
 			}
 		}
-		calls = append(calls, c)
 	}
+	return c
+}
+
+// overlapping runs call 1 (long) and, once told on stdin, call 2 while call 1 still runs; a
+// refusal of call 2 must not take call 1 down with it.
+func overlapping(ctx context.Context, session *mcp.ClientSession, steps int, first <-chan struct{}, progress *atomic.Int64) {
+	done := make(chan call, 1)
+	go func() { done <- callWork(ctx, session, 1, steps, progress) }()
+	<-first
+	fmt.Println(`{"in_flight": 1}`)
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	second := callWork(ctx, session, 2, 1, progress)
+	calls := []call{<-done, second}
 	out, _ := json.Marshal(map[string]any{"session": session.ID(), "calls": calls})
 	fmt.Println(string(out))
 	_ = session.Close()
