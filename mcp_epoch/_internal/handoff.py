@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 #: the peer's SDK app: milliseconds per session).
 RECORD_TIMEOUT: Final = 5.0
 SEND_TIMEOUT: Final = 30.0
+#: How long a new call on a session of a draining process waits for the session's running
+#: calls before it is refused instead (a session moves only when none is running).
+CALL_WAIT: Final = 5.0
 MAX_ANSWER_BYTES: Final = 16 * 1024 * 1024
 
 
@@ -135,17 +138,26 @@ class Handoff:
             await event.wait()
 
     async def hand_on_when_idle(self, tag: SessionTag) -> ProcessEpoch | None:
-        """For a new call on a session of this draining process: wait until nothing of the
-        session is in flight, hand it on, and say where it went (None: it stays here)."""
-        while tag.moved_to is None and not self._over:
-            await self.settled(tag)
-            if tag.moved_to is not None or tag in self._stuck or self._over:
-                break
-            if self._inflight.working(tag):
-                await self._inflight.changed()
-                continue
-            if not await self._hand_on([tag]):
-                break
+        """For a new call on a session of this draining process: wait until no call of the
+        session is still running, hand it on, and say where it went. None: it stays here (the
+        caller refuses the call before it runs), also when a call of the session is still
+        running after :data:`CALL_WAIT` seconds. A call whose client went away (waiting for
+        an answer to a question nobody will answer) may never end, and a new call that waited
+        for it to the drain deadline would wait without a first event for all that time."""
+        with anyio.move_on_after(CALL_WAIT):
+            while tag.moved_to is None and not self._over:
+                await self.settled(tag)
+                if tag.moved_to is not None or tag in self._stuck or self._over:
+                    break
+                if self._inflight.working(tag):
+                    await self._inflight.changed()
+                    continue
+                if not await self._hand_on([tag]):
+                    break
+        if tag.moved_to is None:
+            log.info(
+                "a new call on session %s was refused: its calls are still running", tag.public_id
+            )
         return tag.moved_to
 
     def over(self) -> None:
@@ -173,7 +185,14 @@ class Handoff:
                 await self._inflight.changed()
 
     async def _hand_on(self, tags: list[SessionTag]) -> bool:
-        """Send these idle sessions to the successor; False when nothing could be sent."""
+        """Send these idle sessions to the successor; False when nothing could be sent. Never
+        cut short by its caller's deadline (its own send is bounded): a hand-on abandoned
+        half-way could leave the peer holding sessions this process still serves."""
+        with anyio.CancelScope(shield=True):
+            sent = await self._hand_on_now(tags)
+        return sent
+
+    async def _hand_on_now(self, tags: list[SessionTag]) -> bool:
         route = await self.successor_route()
         if route is None:
             return False

@@ -217,3 +217,28 @@ def test_a_drain_that_runs_out_of_time_ends_what_it_keeps_at_once(
         assert "drain deadline of 1s passed" in log and "('4', False)" in log
         assert "transport write blocked" not in log
         assert "ASGI callable returned without completing response" not in log
+
+
+def test_a_new_call_does_not_wait_for_a_call_that_may_never_end(
+    epoch_service: EpochServiceProcess, http: httpx.Client, tmp_path: Path
+) -> None:
+    """A session moves only when none of its calls is running. A call waiting for an answer
+    nobody will give may never end: a new call on its session waits a few seconds for it,
+    then is refused before it runs (with its id), not held to the drain deadline."""
+    with replicas(epoch_service, http, tmp_path, ("a", "b")) as (a, _):
+        s = RawSession(a.url, http).initialize()
+        body = {
+            "jsonrpc": "2.0",
+            "id": 4,
+            "method": "tools/call",
+            "params": {"name": "confirm", "arguments": {"question": "ok?"}},
+        }
+        with http.stream("POST", a.url, json=body, headers=s.headers()) as gone:
+            next(line for line in gone.iter_lines() if "elicitation/create" in line)
+        a.srv.proc.send_signal(signal.SIGTERM)  # drain deadline: the default 25 s
+        began = time.monotonic()
+        refused, _ = s.post("tools/call", {"name": "epoch", "arguments": {}}, request_id=5)
+        waited = time.monotonic() - began
+        assert refused.status_code == 404 and refused.headers[REJECTED_HEADER] == "retired"
+        assert refused.json()["id"] == 5
+        assert 4.0 < waited < 10.0, waited
