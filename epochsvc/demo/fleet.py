@@ -57,6 +57,8 @@ class Replica:
     #: The handoff counters its ``/metrics`` showed just before it was stopped (a replica
     #: killed at teardown prints no drain report).
     counters: dict[str, float] = field(default_factory=dict)
+    #: Stopped when the scenario ended, not by the deploy: its drain is not the deploy's.
+    at_teardown: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,8 @@ class LocalProcessFleet(FleetDriver):
             await asyncio.sleep(pause)
 
     async def close(self) -> None:
+        for r in self._all:
+            r.at_teardown = r.at_teardown or (r.proc is not None and r.proc.poll() is None)
         await asyncio.gather(*(self._stop(r) for r in self._all))
         self._live.clear()
         if self._ops is not None:

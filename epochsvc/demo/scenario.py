@@ -276,6 +276,8 @@ def _fold(
     replicas: list[Replica],
     seconds: float,
 ) -> FleetResult:
+    # Drains are the deploy's: not those of the replicas stopped when the scenario ended.
+    deployed = [r for r in replicas if not r.at_teardown]
     tally = Tally()
     for r in results:
         by_uid: dict[str, list[CallCheck]] = {}
@@ -313,16 +315,16 @@ def _fold(
         seconds=seconds,
         errors=errors,
         forwarded=sum(int(r.drain.get("forwarded", 0)) for r in replicas),
-        drains=sorted(float(r.drain["drained"]) for r in replicas if "drained" in r.drain),
-        handed=sum(int(r.drain.get("handed", 0)) for r in replicas),
-        kept=sum(int(r.drain.get("kept", 0)) for r in replicas),
+        drains=sorted(float(r.drain["drained"]) for r in deployed if "drained" in r.drain),
+        handed=sum(int(r.drain.get("handed", 0)) for r in deployed),
+        kept=sum(int(r.drain.get("kept", 0)) for r in deployed),
         adopted=_counted(replicas, "adopted"),
         served_handed=_counted(replicas, "served_handed"),
         tail_replays=_counted(replicas, "tail_replays"),
-        deadline_drains=sum(1 for r in replicas if r.drain.get("deadline")),
+        deadline_drains=sum(1 for r in deployed if r.drain.get("deadline")),
         held_by=[
             f"{r.backend.name}: {', '.join(r.drain['held_by'])}"
-            for r in replicas
+            for r in deployed
             if r.drain.get("held_by")
         ],
     )

@@ -237,7 +237,7 @@ class PodProcess:
     endpoint_ready: bool = False  # its EndpointSlice endpoint has been ready
     held: bool = False  # the runner's finalizer is on the pod
     probed: bool = False  # the runner reports its readiness (kwok left it not ready)
-    drain: dict[str, float] = field(default_factory=dict)  # the process's drain report
+    drain: dict[str, Any] = field(default_factory=dict)  # the process's drain report
     alive: asyncio.subprocess.Process | None = field(default=None, repr=False)  # until it exits
     env_epoch: str = ""  # MCP_EPOCH the process was given
     process_epoch: str = ""  # what the process announced

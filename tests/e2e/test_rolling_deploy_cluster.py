@@ -185,7 +185,6 @@ def test_rolling_deploy_on_kubernetes_naive_fails_mcp_epoch_holds(
     # of a plain SDK client was refused before it ran (the 404 real clients handle badly).
     for figures_of in (plain, epoch):
         assert figures_of["sessions_handed_off"] > 0, figures
-        assert figures_of["handed_off_session_requests"] > 0, figures
         assert figures_of["failure_causes"]["refused_before_they_ran"] == 0, figures
     for figures_of in (plain, epoch):
         reasons = figures_of["rejection_reasons"]
