@@ -19,12 +19,20 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Final
 
 from mcp_epoch._internal import handover, inprocess
 from mcp_epoch._internal.body import BodyTooLarge, read_body
-from mcp_epoch._internal.guard import ASGIApp, Receive, Scope, Send, error_body, respond
+from mcp_epoch._internal.guard import (
+    ASGIApp,
+    Receive,
+    Scope,
+    Send,
+    WaitView,
+    error_body,
+    respond,
+)
 from mcp_epoch._internal.handover import HandedSession
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
 from mcp_epoch._internal.snapshot import EpochSnapshot
@@ -37,8 +45,6 @@ log = logging.getLogger(__name__)
 #: (the sender records it just before it sends).
 RULE_WAIT: Final = 5.0
 SESSION_HEADER: Final = b"mcp-session-id"
-
-WaitView = Callable[[Callable[[EpochSnapshot], bool], float], Awaitable[bool]]
 
 
 class AdoptFailed(Exception):

@@ -121,6 +121,7 @@ class EpochSafeApp:
             to_json=self.store.message_json,
             enabled=self.config.handoff,
         )
+        self._guard.wait_view = self._wait_view
         self._adopter = Adopter(
             inner,
             self._guard.sessions,

@@ -72,6 +72,10 @@ PROTOCOL_HEADER: Final = b"mcp-protocol-version"
 # Revisions with sessions and Last-Event-ID resumption (no header: the spec's default, 2025-03-26).
 RESUMABLE_REVISIONS: Final = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
 INVALID_REQUEST: Final = -32600
+#: How long a request sent on to where its session moved waits for this process's copy of
+#: the ledger to know that process.
+MOVE_WAIT: Final = 3.0
+WaitView = Callable[[Callable[[EpochSnapshot], bool], float], Awaitable[bool]]
 #: The SDK's stream ID for a session's standalone GET stream (every other stream is a call's).
 STANDALONE_STREAM: Final = "_GET_stream"
 
@@ -162,6 +166,8 @@ class ResumptionGuard:
         self.draining = False
         #: Hands this process's sessions on while it drains (None: sessions end with it).
         self.handoff: Handoff | None = None
+        #: Waits (bounded) until this process's copy of the ledger satisfies a predicate.
+        self.wait_view: WaitView | None = None
         #: Requests served on sessions taken from a draining peer, and cursors of an earlier
         #: owner served from the tail it handed over, since start (``/metrics``).
         self.served_handed = 0
@@ -288,7 +294,8 @@ class ResumptionGuard:
                 if await self._forward(scope, body, receive, send, route):
                     return True
             except OwnerMoved as moved:
-                target = moved.to
+                target, tried = moved.to, True  # the owner is not where the session is
+                view = await self._view_knowing(target)
                 continue
             tried = True
             # The ledger says it lives but it did not answer: it may have exited just after
@@ -296,6 +303,14 @@ class ResumptionGuard:
             target = successor_of(view, route.epoch)
         await self._reject_lost(send, owner, body, tried=tried or forwarded)
         return True
+
+    async def _view_knowing(self, target: ProcessEpoch) -> EpochSnapshot:
+        """This process's copy of the ledger, once it routes to ``target``: a draining owner
+        names the peer it handed a session to as soon as the peer took it, and the peer may
+        have joined the ledger a moment before this copy heard of it (bounded wait)."""
+        if route_for(self.store.snapshot(), target) is None and self.wait_view is not None:
+            await self.wait_view(lambda view: route_for(view, target) is not None, MOVE_WAIT)
+        return self.store.snapshot()
 
     async def _reject_lost(
         self, send: Send, owner: ProcessEpoch, body: bytes, *, tried: bool
