@@ -25,6 +25,7 @@ from typing import Final
 from mcp_epoch._internal import handover, inprocess
 from mcp_epoch._internal.body import BodyTooLarge, read_body
 from mcp_epoch._internal.guard import (
+    SESSION_HEADER,
     ASGIApp,
     Receive,
     Scope,
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 #: How long a hand-on waits for this process's copy of the ledger to show the sender's rule
 #: (the sender records it just before it sends).
 RULE_WAIT: Final = 5.0
-SESSION_HEADER: Final = b"mcp-session-id"
 
 
 class AdoptFailed(Exception):

@@ -7,7 +7,6 @@ the very same rule (docs/design.md, "The resume decision").
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -127,9 +126,8 @@ def decide_handed(cursor: EventId, tails: Sequence[Tail]) -> TailPlan:
             f"event {cursor.seq} of {tail.epoch} was evicted before the session was handed on "
             f"(its tail starts at {tail.oldest})"
         )
-    seqs = [e.seq for e in tail.events]
-    at = bisect.bisect_left(seqs, cursor.seq)
-    if at == len(seqs) or seqs[at] != cursor.seq:
+    at = next((i for i, e in enumerate(tail.events) if e.seq == cursor.seq), None)
+    if at is None:
         raise ResumptionRejected("unknown", "the cursor is not from this session")
     stream = tail.events[at].stream_id
     after = tuple(e for e in tail.events[at + 1 :] if e.stream_id == stream and e.data is not None)

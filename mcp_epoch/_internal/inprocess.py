@@ -13,6 +13,8 @@ from typing import Any, Final
 
 import anyio
 
+from mcp_epoch._internal.guard import PROTOCOL_HEADER, SESSION_HEADER
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 ASGIApp = Callable[
@@ -47,9 +49,9 @@ async def request(
             (b"content-length", str(len(body)).encode()),
         ]
     if session is not None:
-        headers.append((b"mcp-session-id", session.encode("latin-1")))
+        headers.append((SESSION_HEADER, session.encode("latin-1")))
     if protocol_version is not None:
-        headers.append((b"mcp-protocol-version", protocol_version.encode("latin-1")))
+        headers.append((PROTOCOL_HEADER, protocol_version.encode("latin-1")))
     scope = dict(
         base,
         method=method,
