@@ -169,9 +169,28 @@ MAX_GENERATION = 2**63 - 1
 # fallback incarnations are drawn from [FALLBACK_INCARNATION_MIN, MAX_GENERATION].
 FALLBACK_INCARNATION_MIN = 2**40
 
-_DEC = rf"(?:0|[1-9][0-9]{{0,{MAX_DECIMAL_DIGITS - 1}}})"
+
+def _decimal_at_most(bound: int) -> str:
+    """A regex for the decimals 0..``bound`` without leading zeros, so that a pattern (the
+    OpenAPI document's too) accepts exactly the numbers the ledger can hold."""
+    digits = str(bound)
+    alts = ["0"]
+    if len(digits) > 1:
+        alts.append(f"[1-9][0-9]{{0,{len(digits) - 2}}}")  # fewer digits than the bound
+    for i, d in enumerate(digits):  # as many digits: equal up to i, lower at i
+        low = 1 if i == 0 else 0
+        if int(d) > low:
+            rest = len(digits) - i - 1
+            alts.append(digits[:i] + f"[{low}-{int(d) - 1}]" + (f"[0-9]{{{rest}}}" if rest else ""))
+    alts.append(digits)
+    return "(?:" + "|".join(alts) + ")"
+
+
+_DEC = _decimal_at_most(MAX_GENERATION)
 POD_EPOCH_PATTERN = rf"[0-9a-f]{{{LEDGER_PREFIX_LEN}}}-{_DEC}"
 PROCESS_EPOCH_PATTERN = rf"{POD_EPOCH_PATTERN}\.{_DEC}"
+#: Either kind (``GET /v1/epochs/{epoch}`` takes both).
+ANY_EPOCH_PATTERN = rf"{POD_EPOCH_PATTERN}(?:\.{_DEC})?"
 POD_EPOCH_RE = re.compile(rf"\A({POD_EPOCH_PATTERN})\Z")
 PROCESS_EPOCH_RE = re.compile(rf"\A({POD_EPOCH_PATTERN})\.({_DEC})\Z")
 # Longest process epoch: 8 + 1 + 19 + 1 + 19.

@@ -68,3 +68,25 @@ def test_the_services_lifecycle_states_are_the_contracts() -> None:
     from epochsvc.service.lifecycle import State
 
     assert tuple(s.value for s in State) == contract.STATES
+
+
+def test_the_epoch_patterns_accept_exactly_what_the_ledger_can_hold() -> None:
+    """The OpenAPI document's path pattern and the parsers agree: no leading zeros, at most
+    2**63 - 1, for the generation and the incarnation alike."""
+    import re
+
+    from mcp_epoch.contract import ANY_EPOCH_PATTERN, MAX_GENERATION, parse_epoch
+
+    pattern = re.compile(rf"\A{ANY_EPOCH_PATTERN}\Z")
+    cases = ["0", "7", "10", str(MAX_GENERATION - 1), str(MAX_GENERATION)]
+    cases += ["00", "01", str(MAX_GENERATION + 1), "9" * 19, "1" + "0" * 19, "-1", ""]
+    for gen in cases:
+        for raw in (f"9f2c1a7e-{gen}", f"9f2c1a7e-42.{gen}"):
+            try:
+                parse_epoch(raw)
+                parses = True
+            except ValueError:
+                parses = False
+            assert bool(pattern.match(raw)) == parses, raw
+            legal = gen.isdigit() and not (gen.startswith("0") and gen != "0")
+            assert parses == (legal and int(gen) <= MAX_GENERATION), raw

@@ -18,7 +18,7 @@ from epochsvc.service.metrics import Metrics
 from epochsvc.service.settings import Settings
 from epochsvc.service.store.base import EpochStore, UnknownEpoch
 from mcp_epoch.contract import (
-    POD_EPOCH_PATTERN,
+    ANY_EPOCH_PATTERN,
     PodEpoch,
     ProcessEpoch,
     parse_epoch,
@@ -70,7 +70,7 @@ EpochPath = Annotated[
         max_length=64,
         description="a pod epoch (9f2c1a7e-42) or, where a lookup allows it, a process epoch "
         "(9f2c1a7e-42.0)",
-        json_schema_extra={"pattern": f"^{POD_EPOCH_PATTERN}(\\.[0-9]+)?$"},
+        json_schema_extra={"pattern": f"^{ANY_EPOCH_PATTERN}$"},
     ),
 ]
 

@@ -68,6 +68,12 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(
                 413, "body-too-large", f"request bodies are limited to {limit} bytes"
             )
+        if exc.status_code == 400:
+            # FastAPI's only 400: a body it could not decode (not UTF-8). That is the same
+            # fault as truncated JSON, so it gets the same answer.
+            return error_response(
+                422, "invalid-request", "the body is not JSON: send UTF-8 encoded JSON"
+            )
         code = _HTTP_CODES.get(exc.status_code, f"http-{exc.status_code}")
         return error_response(exc.status_code, code, str(exc.detail), exc.headers)
 

@@ -3,19 +3,37 @@
 uvicorn's httptools protocol buffers a request head for as long as it keeps arriving. Eight
 unterminated 32 MB headers, sent without credentials, took the service from 77 to 382 MB.
 No ASGI middleware can help there: the app sees a request only once its head is complete.
-This protocol counts the bytes of each request head as they arrive. Once a head is over the
-limit, it answers ``431 Request Header Fields Too Large`` and closes the connection, and stops
-feeding the parser, so the head is never buffered.
+
+Two counts, because a head can arrive either way:
+
+* **Exact, for a head the parser completes.** The request target and every header field
+  (``name: value`` and its line end) are counted as the parser hands them over, so the
+  documented limit is the real one whether the head came in one write or in many. The first
+  read of a connection is counted like any other: the count belongs to the parser's message,
+  not to the read that carried it.
+* **Raw, for a head that never ends.** httptools buffers an unfinished header field itself, so
+  the bytes read while a head is open are counted too, and once they pass the limit by more
+  than one read (:data:`READ_SLACK`) the head is refused without being parsed further. That
+  keeps memory bounded whatever the sender does.
+
+A refused head gets ``431 Request Header Fields Too Large`` and the connection closes; nothing
+of it reaches the app, and the rest of what was read is ignored. If requests pipelined before
+it on the connection are still being answered, the ``431`` waits for their answers, so a
+refusal never cuts off the answer to a request that ran.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+#: How far the raw count may pass the limit before an unfinished head is refused: one read
+#: of the event loop (64 KiB), which may also carry the end of the previous request's body.
+READ_SLACK: Final = 64 * 1024
+_FIELD_OVERHEAD: Final = 4  # ": " and CRLF
 
 
 class BoundedHeadProtocol(HttpToolsProtocol):
@@ -25,30 +43,81 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._in_head = True
-        self._head_bytes = 0
+        self._in_head = True  # between the end of one message and the end of the next head
+        self._head_bytes = 0  # exact: target and fields of the head being parsed
+        self._raw_bytes = 0  # read while a head was open
+        self._refused = False
+        self._owed_431 = False  # refused while earlier requests are still being answered
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._in_head:
+            self._raw_bytes += len(data)
+            if self._raw_bytes > self.max_header_bytes + READ_SLACK:
+                self._refuse()
+                return
+        super().data_received(data)
 
     def on_message_begin(self) -> None:
+        if self._refused:
+            return
         self._in_head = True
         self._head_bytes = 0
         super().on_message_begin()
 
+    def on_url(self, url: bytes) -> None:
+        if self._count(len(url)):
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._count(len(name) + len(value) + _FIELD_OVERHEAD):
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        if self._refused:
+            return
         self._in_head = False
+        self._raw_bytes = 0
         super().on_headers_complete()
 
-    def data_received(self, data: bytes) -> None:
-        if self._in_head:
-            # Count before parsing: at most one read (64 KiB) past the limit is ever parsed.
-            if self._head_bytes > self.max_header_bytes:
-                self._refuse()
-                return
-            self._head_bytes += len(data)
-        super().data_received(data)
-        if self._in_head and self._head_bytes > self.max_header_bytes:
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        self._in_head = True
+        super().on_message_complete()
+
+    def _count(self, n: int) -> bool:
+        """Add ``n`` bytes to the head; False (and the head refused) once it is too long."""
+        if self._refused:
+            return False
+        self._head_bytes += n
+        if self._head_bytes > self.max_header_bytes:
             self._refuse()
+            return False
+        return True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._owed_431 and self._answered_all():
+            self._send_431()
+
+    def _answered_all(self) -> bool:
+        return not self.pipeline and (self.cycle is None or self.cycle.response_complete)
 
     def _refuse(self) -> None:
+        self._refused = True
+        if self._answered_all():
+            self._send_431()
+        else:
+            self._owed_431 = True
+
+    def _send_431(self) -> None:
+        self._owed_431 = False
         if self.transport.is_closing():
             return
         body = json.dumps(

@@ -50,6 +50,6 @@ class Settings(BaseSettings):
     # after every pod stopped sealing with it.
     request_state_ttl_seconds: float = Field(default=600.0, gt=0, le=86400)
     max_body_bytes: int = Field(default=16 * 1024, gt=0)
-    # A longer request head (request line and headers) gets 431 before it is buffered.
+    # A longer request head (its target and header fields) gets 431 before it is buffered.
     max_header_bytes: int = Field(default=16 * 1024, gt=0)
     log_level: str = "info"

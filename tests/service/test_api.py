@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -247,8 +248,10 @@ def test_oversized_and_non_json_bodies(epoch_service: EpochServiceProcess) -> No
         assert r.status_code == 413
         r = c.post("/v1/epochs", content=b"namespace=ns")
         assert r.status_code == 415 and r.json()["code"] == "unsupported-media-type"
-        r = c.post("/v1/epochs", content=b"{not json", headers={"content-type": "application/json"})
-        assert r.status_code == 422
+        # Truncated JSON and a body that is not UTF-8 are the same fault, with one answer.
+        for raw in (b"{not json", b'{"namespace": "\xff\xfe"}', b"\x80"):
+            r = c.post("/v1/epochs", content=raw, headers={"content-type": "application/json"})
+            assert r.status_code == 422 and r.json()["code"] == "invalid-request", (raw, r.text)
         # Nothing was issued by any of the refused requests.
         assert c.get("/v1/servers/ns/s/epochs").json()["epochs"] == []
 
@@ -378,3 +381,47 @@ def test_openapi_documents_the_repeat_and_the_epoch_pattern(svc: EpochServicePro
     pattern = re.compile(param["schema"]["pattern"])
     assert pattern.match("9f2c1a7e-42") and pattern.match("9f2c1a7e-42.0")
     assert not pattern.match("9f2c1a7e-042") and not pattern.match("x-1")
+    # Incarnations as exact as generations: what the pattern admits, the service parses.
+    for bad in ("9f2c1a7e-42.01", "9f2c1a7e-42." + "1" * 20, f"9f2c1a7e-42.{2**63}"):
+        assert not pattern.match(bad), bad
+    assert pattern.match(f"9f2c1a7e-42.{2**63 - 1}")
+    metrics = spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain; version=0.0.4; charset=utf-8"]
+
+
+def _wait_for_log(path: Path, text: str, within: float = 30.0) -> None:
+    """Until the service's log says ``text`` (what the test waits for is that line)."""
+    deadline = time.monotonic() + within
+    while text not in path.read_text():
+        assert time.monotonic() < deadline, f"the log never said {text!r}:\n{path.read_text()}"
+        time.sleep(0.05)
+
+
+def test_a_postgres_crash_is_two_log_lines_and_a_prompt_recovery(
+    service_factory: ServiceFactory, postgres: object
+) -> None:
+    """PostgreSQL killed with SIGKILL, then back: the follower says once that it lost the
+    database and once that it is back, with no traceback, and the service issues again."""
+    from tests.support.postgres import PostgresServer
+
+    pg = PostgresServer().start()
+    try:
+        svc = service_factory(pg.new_database())
+        with svc.client() as c:
+            issue(c)
+            pg.kill()
+            r = c.post(
+                "/v1/epochs", json={"namespace": "default", "server": "demo", "request_uid": "k"}
+            )
+            assert r.status_code == 503 and r.json()["code"] == "store-unavailable"
+            _wait_for_log(svc.log_path, "ledger follower lost the database")
+            pg.launch()
+            _wait_for_log(svc.log_path, "ledger follower is back on the database")
+            again = issue(c)
+            assert again["state"] == "pending"
+        log = svc.log_path.read_text()
+        assert log.count("ledger follower lost the database") == 1, log
+        assert log.count("ledger follower is back on the database") == 1, log
+        assert "Traceback" not in log and "Exception during reset" not in log, log
+    finally:
+        pg.stop()

@@ -61,3 +61,56 @@ def test_unterminated_huge_headers_do_not_grow_the_service(
     for sock in socks:
         sock.close()
     assert grown < 32 * 1024, f"the service grew by {grown} KiB"
+
+
+LIMIT = 16 * 1024  # EPOCHSVC_MAX_HEADER_BYTES's default, which the fixture keeps
+FIXED = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: "
+
+
+def head_of(counted: int) -> bytes:
+    """A complete head whose counted size (target, and each field with ': ' and CRLF) is
+    exactly ``counted`` bytes."""
+    base = len(b"/healthz") + len(b"Host") + 1 + 4 + len(b"Connection") + 5 + 4
+    base += len(b"X-Big") + 4
+    return FIXED + b"a" * (counted - base) + b"\r\n\r\n"
+
+
+def send_in_writes(port: int, head: bytes, size: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for i in range(0, len(head), size):
+                sock.sendall(head[i : i + size])
+        chunks = []
+        with contextlib.suppress(ConnectionResetError):
+            while data := sock.recv(65536):
+                chunks.append(data)
+    return b"".join(chunks)
+
+
+def test_the_limit_holds_for_complete_heads_in_one_write_or_in_many(
+    epoch_service: EpochServiceProcess,
+) -> None:
+    """The documented limit is the real one: a complete head one byte over it is refused
+    however it arrives (in one write, the first read of a connection, was once let through),
+    and one exactly at it is served."""
+    port = epoch_service.port
+    for size in (LIMIT + 1, 17 * 1024, 32 * 1024, 190 * 1024):
+        for write in (len(head_of(size)), 8 * 1024, 1000):
+            answer = send_in_writes(port, head_of(size), write)
+            assert answer.startswith(b"HTTP/1.1 431 "), (size, write, answer[:80])
+    for write in (len(head_of(LIMIT)), 8 * 1024):
+        answer = send_in_writes(port, head_of(LIMIT), write)
+        assert answer.startswith(b"HTTP/1.1 200 "), (write, answer[:80])
+
+
+def test_a_second_request_on_the_connection_is_bounded_too(
+    epoch_service: EpochServiceProcess,
+) -> None:
+    """The count starts afresh for each request of a keep-alive connection, whichever read
+    carries its first byte."""
+    ok = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    answer = send_in_writes(epoch_service.port, ok + head_of(LIMIT + 1), 1 << 20)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b"HTTP/1.1 431 " in answer
+    answer = send_in_writes(epoch_service.port, ok + head_of(LIMIT), 1 << 20)
+    assert answer.count(b"HTTP/1.1 200 ") == 2

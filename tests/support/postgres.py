@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -63,6 +64,11 @@ class PostgresServer:
             check=True,
             capture_output=True,
         )
+        return self.launch()
+
+    def launch(self) -> PostgresServer:
+        """Run the server on its data directory (again, after :meth:`kill`) and wait until it
+        accepts connections."""
         log = (self.dir / "postgres.log").open("ab")
         self.proc = subprocess.Popen(
             self._run_as(
@@ -121,6 +127,20 @@ class PostgresServer:
         if done.returncode != 0:
             raise RuntimeError(f"psql -f {dump} failed: {done.stderr.strip()}")
 
+    def kill(self) -> None:
+        """SIGKILL the postmaster, as a crash would, and wait until none of its processes is
+        left (a restart on the same data directory needs that)."""
+        pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        assert self.proc is not None
+        self.proc.wait(20)
+        self.proc = None
+        deadline = time.monotonic() + 30
+        while _children_of_data(self.data):
+            if time.monotonic() > deadline:
+                raise RuntimeError("PostgreSQL's backends outlived its postmaster")
+            time.sleep(0.05)
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
@@ -130,3 +150,18 @@ class PostgresServer:
                 self.proc.kill()
             self.proc = None
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _children_of_data(data: Path) -> list[int]:
+    """PIDs of processes still running with ``data`` on their command line or attached to
+    it (the backends of a killed postmaster, until they notice)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.readlink(proc / "cwd") == str(data):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found

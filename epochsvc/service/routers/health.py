@@ -28,7 +28,15 @@ async def readyz(store: Store) -> Readiness:
     return Readiness(status="ready", ledger_id=store.ledger_id)
 
 
-@router.get("/metrics")
+#: Prometheus's text exposition, as the OpenAPI document must say (not FastAPI's default JSON).
+METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {METRICS_MEDIA_TYPE: {"schema": {"type": "string"}}}}},
+)
 async def metrics(store: Store, notifier: Notifier, m: MetricsDep) -> Response:
     body = await m.render(store, notifier.waiters)
-    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(body, media_type=METRICS_MEDIA_TYPE)

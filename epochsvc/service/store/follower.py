@@ -4,8 +4,11 @@ Every commit sends a ``NOTIFY`` on :data:`CHANNEL` (:func:`change_notice`, or
 :func:`notify_reload` after deletions). :class:`Follower` runs in a thread of its own: it
 ``LISTEN``\\ s, reads what changed since the revision it last saw (also every
 :data:`CATCH_UP_SECONDS`, should a notification be lost), and hands each batch to
-``deliver``; when the database is lost it calls ``lost`` and reconnects with backoff, so the
-store's readers fall back to the database until the copy is whole again.
+``deliver``; when the database is lost it calls ``lost`` and tries again every
+:data:`RECONNECT_SECONDS`, so the store's readers fall back to the database until the copy is
+whole again. It says so once when it loses the database and once when it is back, and a
+connection the database dropped is discarded, never reset (a reset of a dead connection is
+what made the pool log a traceback at every PostgreSQL crash).
 
 A change notification names the process that committed it and the revision it committed,
 and a follower reads nothing for its own process's commits: those are in its copy already
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import sqlalchemy as sa
@@ -35,6 +39,9 @@ log = logging.getLogger("epochsvc.store")
 CHANNEL = "epochsvc_ledger"
 #: How long a follower waits for a notification before it reads anyway.
 CATCH_UP_SECONDS = 1.0
+#: How soon a follower that lost the database tries again: a failed attempt costs one refused
+#: connection, and the copy must be whole within a second of the database's return.
+RECONNECT_SECONDS = 0.25
 
 #: (records, revision, full): ``full`` replaces the copy, otherwise the records update it.
 Deliver = Callable[[list[EpochRecord], int, bool], None]
@@ -76,6 +83,7 @@ class Follower:
         self._deliver = deliver
         self._lost = lost
         self._stop = threading.Event()
+        self._down_since: float | None = None  # when it lost the database, while it has
         self._thread = threading.Thread(target=self._run, name="epochsvc-follower", daemon=True)
 
     def start(self) -> None:
@@ -87,30 +95,47 @@ class Follower:
             self._thread.join(timeout=CATCH_UP_SECONDS + 5)
 
     def _run(self) -> None:
-        backoff = 0.5
         while not self._stop.is_set():
             try:
                 with self._engine.connect() as conn:
-                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-                    raw = conn.connection.driver_connection
-                    assert raw is not None
-                    raw.execute(f"LISTEN {CHANNEL}")
-                    records, since = queries.changes(conn, None, self._ledger8)
-                    self._deliver(records, since, True)
-                    backoff = 0.5
-                    while not self._stop.is_set():
-                        notes = list(raw.notifies(timeout=CATCH_UP_SECONDS, stop_after=1))
-                        owns = [own_revision(n.payload, self._sender) for n in notes]
-                        if owns and None not in owns:  # only this process's commits
-                            since = max(since, *(r for r in owns if r is not None))
-                            continue
-                        full = any(n.payload == "reload" for n in notes)
-                        records, since = queries.changes(
-                            conn, None if full else since, self._ledger8
-                        )
-                        self._deliver(records, since, full)
+                    try:
+                        self._follow(conn)
+                    except Exception:
+                        conn.invalidate()  # dead: drop it rather than reset it into the pool
+                        raise
             except Exception as exc:
                 self._lost()
-                log.warning("ledger follower lost the database: %s", store_error(exc))
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    log.warning(
+                        "ledger follower lost the database (%s); reading from it directly "
+                        "until it is back",
+                        store_error(exc),
+                    )
+                self._stop.wait(RECONNECT_SECONDS)
+
+    def _follow(self, conn: Connection) -> None:
+        """Listen, read the whole ledger, then each change, until stopped or the database
+        fails (which raises)."""
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        raw.execute(f"LISTEN {CHANNEL}")
+        records, since = queries.changes(conn, None, self._ledger8)
+        self._deliver(records, since, True)
+        if self._down_since is not None:
+            log.warning(
+                "ledger follower is back on the database after %.1f s (revision %d)",
+                time.monotonic() - self._down_since,
+                since,
+            )
+            self._down_since = None
+        while not self._stop.is_set():
+            notes = list(raw.notifies(timeout=CATCH_UP_SECONDS, stop_after=1))
+            owns = [own_revision(n.payload, self._sender) for n in notes]
+            if owns and None not in owns:  # only this process's commits
+                since = max(since, *(r for r in owns if r is not None))
+                continue
+            full = any(n.payload == "reload" for n in notes)
+            records, since = queries.changes(conn, None if full else since, self._ledger8)
+            self._deliver(records, since, full)
