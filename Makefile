@@ -12,7 +12,7 @@ IMAGE_INPUTS := Dockerfile .dockerignore pyproject.toml uv.lock README.md \
 	$(shell git ls-files mcp_epoch epochsvc operator tools/image 2>/dev/null)
 
 .PHONY: demo serve test lint bench system-deps cluster-build cluster-up cluster-down \
-	image image-smoke lock
+	image image-smoke lock robustness
 
 $(STAMP): pyproject.toml uv.lock
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ system-deps:
 ## Lint, type-check, build the image and run the whole test suite (image smoke included).
 test: $(STAMP) system-deps lint $(IMAGE_ARCHIVE)
 	$(BIN)/pytest
+
+## The ledger under faults (kill -9, PostgreSQL crashes, two processes, SIGSTOP): every
+## history of 10,000 operations checked for linearizability; exits non-zero on any violation.
+robustness: $(STAMP) system-deps
+	$(BIN)/python -m tests.robustness
 
 ## The container image, built daemonlessly (buildah in a cached Debian 13 chroot; needs root).
 image: $(IMAGE_ARCHIVE)

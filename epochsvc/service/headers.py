@@ -12,9 +12,9 @@ Two counts, because a head can arrive either way:
   read of a connection is counted like any other: the count belongs to the parser's message,
   not to the read that carried it.
 * **Raw, for a head that never ends.** httptools buffers an unfinished header field itself, so
-  the bytes read while a head is open are counted too, and once they pass the limit by more
-  than one read (:data:`READ_SLACK`) the head is refused without being parsed further. That
-  keeps memory bounded whatever the sender does.
+  the bytes read while a head is open are counted too, and once a head still unfinished has
+  passed the limit by more than :data:`READ_SLACK` it is refused and nothing more is parsed.
+  That keeps memory bounded whatever the sender does.
 
 A refused head gets ``431 Request Header Fields Too Large`` and the connection closes; nothing
 of it reaches the app, and the rest of what was read is ignored. If requests pipelined before
@@ -53,11 +53,10 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         if self._refused:
             return
         if self._in_head:
-            self._raw_bytes += len(data)
-            if self._raw_bytes > self.max_header_bytes + READ_SLACK:
-                self._refuse()
-                return
+            self._raw_bytes += len(data)  # may include a body after the head: checked below
         super().data_received(data)
+        if self._in_head and self._raw_bytes > self.max_header_bytes + READ_SLACK:
+            self._refuse()  # a head still unfinished this far in: it is not parsed further
 
     def on_message_begin(self) -> None:
         if self._refused:

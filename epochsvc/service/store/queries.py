@@ -70,6 +70,15 @@ def to_record(row: Any, ledger8: str) -> EpochRecord:
     )
 
 
+def revision(conn: Connection) -> int:
+    """The ledger's last committed revision."""
+    return int(
+        conn.execute(
+            sa.select(ledger_table.c.revision).where(ledger_table.c.id == LEDGER_ROW)
+        ).scalar_one()
+    )
+
+
 def bump(conn: Connection) -> tuple[int, int]:
     """Take the writer lock and return the new (revision, generation)."""
     row = conn.execute(_BUMP).one()

@@ -35,6 +35,7 @@ from epochsvc.service.lifecycle import (
     plan,
 )
 from epochsvc.service.store import migrate, queries, rings
+from epochsvc.service.store.barrier import RevisionBarrier
 from epochsvc.service.store.base import (
     CommitStats,
     EpochRecord,
@@ -99,6 +100,7 @@ class SqlEpochStore(RingOperations, EpochStore):
         self._mirror = LedgerMirror()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._follower: Follower | None = None
+        self._barrier = RevisionBarrier(self._database_revision)
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -401,10 +403,23 @@ class SqlEpochStore(RingOperations, EpochStore):
             await self._reload_mirror()
         return result
 
-    # --- reads: from the copy while it is whole, else from the database -----------------
+    # --- reads: from the copy while it is whole and current, else from the database ------
+
+    async def _copy_answers(self) -> bool:
+        """May the copy answer a read now? It must be whole and, on PostgreSQL (where other
+        processes commit too), hold every commit made before this read began (see
+        :mod:`.barrier`). SQLite has one writer, this process, so its copy is current."""
+        if not self._mirror.synced:
+            return False
+        if self.dialect == "sqlite":
+            return True
+        return self._mirror.revision >= await self._barrier.revision()
+
+    async def _database_revision(self) -> int:
+        return await self._read_db(queries.revision)
 
     async def get(self, generation: int) -> EpochRecord:
-        record = self._mirror.records.get(generation) if self._mirror.synced else None
+        record = self._mirror.records.get(generation) if await self._copy_answers() else None
         if record is not None:
             return record
         if self.dialect == "sqlite":
@@ -413,7 +428,7 @@ class SqlEpochStore(RingOperations, EpochStore):
         return await self._read_db(lambda conn: queries.fetch(conn, generation, self.ledger8))
 
     async def bound_to(self, pod_uid: str) -> EpochRecord | None:
-        if self._mirror.synced:
+        if await self._copy_answers():
             return self._mirror.bound_to(pod_uid)
         return await self._read_db(lambda conn: queries.bound_to(conn, pod_uid, self.ledger8))
 
@@ -421,7 +436,7 @@ class SqlEpochStore(RingOperations, EpochStore):
         self, namespace: str, server: str, states: Iterable[State] = ()
     ) -> ServerSnapshot:
         wanted = {State(s) for s in states}
-        if self._mirror.synced:
+        if await self._copy_answers():
             records = self._mirror.list(namespace, server, wanted)
             return ServerSnapshot(self._mirror.revision, records)
         return await self._read_db(
@@ -429,7 +444,7 @@ class SqlEpochStore(RingOperations, EpochStore):
         )
 
     async def server_revision(self, namespace: str, server: str) -> tuple[int, int]:
-        if self._mirror.synced:
+        if await self._copy_answers():
             return self._mirror.server_revision(namespace, server), self._mirror.revision
         return await self._read_db(lambda conn: queries.server_revision(conn, namespace, server))
 
