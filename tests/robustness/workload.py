@@ -10,10 +10,11 @@ Workers spread over every service URL given (two processes on one PostgreSQL, sa
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ class Workload:
     history: list[Op] = field(default_factory=list)
     _gens: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     _uids: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    _uid_serial: Iterator[int] = field(default_factory=itertools.count)
     refused: int = 0  # requests no service took (connection refused)
     _count: int = 0
     _stop: bool = False
@@ -100,7 +102,7 @@ class Workload:
         gens = self._gens[server]
         roll = rng.random()
         if not gens or roll < 0.22:
-            uid = f"u{me}-{self._count}"
+            uid = f"u{me}-{next(self._uid_serial)}"  # never reused, whatever else happens
             self._uids[server].append(uid)
             return ("issue", uid)
         if roll < 0.27:
