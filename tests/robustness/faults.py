@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tests.robustness import linearizability
 from tests.robustness.history import Op, save
+from tests.robustness.netns import DATABASE_ADDRESS, Namespaces, namespaces
 from tests.robustness.workload import REQUEST_TIMEOUT, Workload
 from tests.support.epochsvc_proc import EpochServiceProcess
 from tests.support.postgres import PostgresServer
@@ -32,10 +33,13 @@ OUTAGE = 1.5
 
 @dataclass
 class Rig:
-    """What a fault acts on: the service processes and, on PostgreSQL, the database."""
+    """What a fault acts on: the service processes, on PostgreSQL the database, and the
+    network namespaces when the scenario partitions them."""
 
     services: list[EpochServiceProcess]
     pg: PostgresServer | None
+    ns: Namespaces | None = None
+    uds: str | None = None  # how the clients reach the service in its namespace
 
 
 Fault = Callable[[Rig], Awaitable[None]]
@@ -59,6 +63,13 @@ async def _kill_postgres(rig: Rig) -> None:
     await asyncio.to_thread(rig.pg.launch)
 
 
+async def _partition(rig: Rig) -> None:
+    assert rig.ns is not None
+    await asyncio.to_thread(rig.ns.cut)
+    await asyncio.sleep(REQUEST_TIMEOUT + OUTAGE)  # requests hang on the database, unanswered
+    await asyncio.to_thread(rig.ns.heal)
+
+
 async def _pause_service(rig: Rig) -> None:
     svc = rig.services[-1]
     assert svc.proc is not None
@@ -73,6 +84,7 @@ class Scenario:
     backend: str  # "sqlite" or "postgres"
     fault: Fault
     processes: int = 1
+    netns: bool = False  # the service and PostgreSQL each in a namespace of their own
 
 
 SCENARIOS = [
@@ -84,6 +96,7 @@ SCENARIOS = [
     Scenario("kill -9 PostgreSQL, restart", "postgres", _kill_postgres),
     Scenario("two services, one killed", "postgres", _kill_service, processes=2),
     Scenario("two services, one paused (SIGSTOP)", "postgres", _pause_service, processes=2),
+    Scenario("partition service | PostgreSQL", "postgres", _partition, netns=True),
 ]
 
 
@@ -107,25 +120,36 @@ class Result:
 
 @contextlib.contextmanager
 def _rig(scenario: Scenario, workdir: Path) -> Iterator[Rig]:
-    pg = PostgresServer().start() if scenario.backend == "postgres" else None
-    services: list[EpochServiceProcess] = []
-    try:
+    with contextlib.ExitStack() as stack:
+        ns = stack.enter_context(namespaces()) if scenario.netns else None
+        pg = None
+        if scenario.backend == "postgres":
+            pg = PostgresServer(**({"host": DATABASE_ADDRESS, "netns": ns.database} if ns else {}))
+            stack.callback(pg.stop)
+            pg.start()
         url = pg.new_database() if pg else f"sqlite:///{workdir / 'ledger.db'}"
+        services: list[EpochServiceProcess] = []
+        stack.callback(_stop_all, services)
         for n in range(scenario.processes):
-            svc = EpochServiceProcess(url, workdir / f"epochsvc-{n}.log")
+            svc = EpochServiceProcess(
+                url, workdir / f"epochsvc-{n}.log", netns=ns.service if ns else None
+            )
             if services:  # one ledger, one set of credentials
                 svc.operator_token = services[0].operator_token
                 svc.replica_token = services[0].replica_token
             services.append(svc.start())
-        yield Rig(services, pg)
-    finally:
-        for svc in services:
-            if svc.proc is not None:
-                with contextlib.suppress(Exception):
-                    svc.proc.send_signal(signal.SIGCONT)
-            svc.stop()
-        if pg is not None:
-            pg.stop()
+        uds = None
+        if ns is not None:
+            uds = stack.enter_context(ns.relay(services[0].port, workdir / "epochsvc.sock"))
+        yield Rig(services, pg, ns, uds)
+
+
+def _stop_all(services: list[EpochServiceProcess]) -> None:
+    for svc in services:
+        if svc.proc is not None:
+            with contextlib.suppress(Exception):
+                svc.proc.send_signal(signal.SIGCONT)
+        svc.stop()
 
 
 async def run(
@@ -139,8 +163,8 @@ async def run(
 ) -> Result:
     """Run one scenario and check its history."""
     with _rig(scenario, workdir) as rig:
-        urls = [s.url for s in rig.services]
-        work = Workload(urls, rig.services[0].operator_token, operations, seed=seed)
+        urls = ["http://epochsvc"] if rig.uds else [s.url for s in rig.services]
+        work = Workload(urls, rig.services[0].operator_token, operations, seed=seed, uds=rig.uds)
         work.mark = operations // 3
         restored: list[float] = []
 

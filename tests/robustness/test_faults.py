@@ -36,6 +36,7 @@ def _scenario(name: str, backend: str) -> Scenario:
         ("kill -9 PostgreSQL, restart", "postgres"),
         ("two services, one killed", "postgres"),
         ("two services, one paused (SIGSTOP)", "postgres"),
+        ("partition service | PostgreSQL", "postgres"),
     ],
 )
 def test_a_fault_leaves_a_linearizable_history(

@@ -35,6 +35,7 @@ class Workload:
     workers: int = 12
     servers: int = 4
     seed: int = 0
+    uds: str | None = None  # reach the service through this Unix socket
     history: list[Op] = field(default_factory=list)
     _gens: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     _uids: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
@@ -71,7 +72,9 @@ class Workload:
                         await asyncio.sleep(0.1)
 
     def _client(self, url: str) -> httpx.AsyncClient:
+        transport = httpx.AsyncHTTPTransport(uds=self.uds) if self.uds else None
         return httpx.AsyncClient(
+            transport=transport,
             base_url=url,
             headers={"Authorization": f"Bearer {self.token}"},
             timeout=REQUEST_TIMEOUT,

@@ -32,8 +32,13 @@ class EpochServiceProcess:
     The port is chosen once and kept across restarts, so clients can reconnect to the same URL.
     """
 
-    def __init__(self, database_url: str, log_path: Path, **env: str) -> None:
+    def __init__(
+        self, database_url: str, log_path: Path, *, netns: str | None = None, **env: str
+    ) -> None:
+        """``netns``: run the process in that network namespace (its address is then
+        reachable only from inside it)."""
         self.database_url = database_url
+        self._in_ns = ["ip", "netns", "exec", netns] if netns else []
         self.log_path = log_path
         self.operator_token = secrets.token_urlsafe(24)
         self.replica_token = secrets.token_urlsafe(24)
@@ -58,6 +63,7 @@ class EpochServiceProcess:
         log = self.log_path.open("a")
         self.proc = subprocess.Popen(
             [
+                *self._in_ns,
                 sys.executable,
                 "-m",
                 "epochsvc.cli",

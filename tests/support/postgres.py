@@ -32,16 +32,21 @@ def _bin(name: str) -> str:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, *, host: str = "127.0.0.1", netns: str | None = None) -> None:
+        """``netns``: run the server (and the tools that reach it) in that network
+        namespace, listening on ``host``."""
         self.dir = Path(tempfile.mkdtemp(prefix="mcp-epoch-pg-"))
         self.data = self.dir / "data"
+        self.host = host
+        self._in_ns = ["ip", "netns", "exec", netns] if netns else []
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self._user = "postgres" if os.geteuid() == 0 else None
         self._dbs = 0
 
     def _run_as(self, argv: list[str]) -> list[str]:
-        return ["runuser", "-u", self._user, "--", *argv] if self._user else argv
+        as_user = ["runuser", "-u", self._user, "--", *argv] if self._user else argv
+        return [*self._in_ns, *as_user]
 
     def start(self) -> PostgresServer:
         if self._user:
@@ -64,6 +69,9 @@ class PostgresServer:
             check=True,
             capture_output=True,
         )
+        if self.host != "127.0.0.1":  # clients come from the namespace's own subnet
+            with (self.data / "pg_hba.conf").open("a") as hba:
+                hba.write("host all all samenet trust\n")
         return self.launch()
 
     def launch(self) -> PostgresServer:
@@ -79,7 +87,7 @@ class PostgresServer:
                     "-p",
                     str(self.port),
                     "-c",
-                    "listen_addresses=127.0.0.1",
+                    f"listen_addresses={self.host}",
                     "-c",
                     f"unix_socket_directories={self.dir}",
                     "-c",
@@ -94,7 +102,8 @@ class PostgresServer:
         deadline = time.monotonic() + 30
         while True:
             ok = subprocess.run(
-                [_bin("pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)], capture_output=True
+                [*self._in_ns, _bin("pg_isready"), "-h", self.host, "-p", str(self.port)],
+                capture_output=True,
             )
             if ok.returncode == 0:
                 return self
@@ -110,7 +119,8 @@ class PostgresServer:
 
     def _psql(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``psql`` as the superuser on this server (quiet), with ``args``."""
-        base = [_bin("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-q"]
+        base = [*self._in_ns, _bin("psql"), "-h", self.host, "-p", str(self.port)]
+        base += ["-U", "postgres", "-q"]
         return subprocess.run([*base, *args], capture_output=True, text=True)
 
     def new_database(self) -> str:
@@ -118,7 +128,7 @@ class PostgresServer:
         self._dbs += 1
         name = f"ledger{self._dbs}"
         self._psql("-c", f"CREATE DATABASE {name}").check_returncode()
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+        return f"postgresql://postgres@{self.host}:{self.port}/{name}"
 
     def load(self, url: str, dump: Path) -> None:
         """Run a SQL dump (``pg_dump``'s plain format) into the database at ``url``."""
