@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from mcp_epoch.contract import (
     DNS1123_LABEL_PATTERN,
@@ -145,8 +145,22 @@ class EpochList(BaseModel):
     epochs: list[Epoch]
 
 
+def _integral(value: Any) -> Any:
+    """JSON Schema counts 4977.0 as an integer, so the document's ``integer`` takes it; any
+    other float, a string or a boolean is still refused (the models never coerce)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A JSON integer, as JSON Schema defines one.
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+
+
 class RingReport(_Strict):
-    revision: int = Field(ge=1, description="the request-state ring revision this process holds")
+    revision: JsonInt = Field(
+        ge=1, description="the request-state ring revision this process holds"
+    )
 
 
 class RequestStateRing(BaseModel):

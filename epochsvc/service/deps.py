@@ -6,7 +6,7 @@ more than everything these functions do.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 
@@ -19,6 +19,9 @@ from epochsvc.service.settings import Settings
 from epochsvc.service.store.base import EpochStore, UnknownEpoch
 from mcp_epoch.contract import (
     ANY_EPOCH_PATTERN,
+    MAX_PROCESS_EPOCH_LEN,
+    POD_EPOCH_PATTERN,
+    PROCESS_EPOCH_PATTERN,
     PodEpoch,
     ProcessEpoch,
     parse_epoch,
@@ -62,16 +65,25 @@ Notifier = Annotated[ChangeNotifier, Depends(get_notifier)]
 Lists = Annotated[RenderedLists, Depends(get_lists)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
-# The pattern is documentation (OpenAPI): a malformed epoch still gets this service's own
-# 422 ``malformed-epoch`` from ``parse_any_epoch``, not the framework's validation error.
+
+# The patterns are documentation (OpenAPI), each exactly what its calls take: a malformed
+# epoch still gets this service's own 422 ``malformed-epoch`` from ``parse_any_epoch``, not
+# the framework's validation error.
+def _epoch_path(description: str, pattern: str) -> Any:
+    return Path(
+        max_length=MAX_PROCESS_EPOCH_LEN,
+        description=description,
+        json_schema_extra={"pattern": f"^{pattern}$"},
+    )
+
+
 EpochPath = Annotated[
     str,
-    Path(
-        max_length=64,
-        description="a pod epoch (9f2c1a7e-42) or, where a lookup allows it, a process epoch "
-        "(9f2c1a7e-42.0)",
-        json_schema_extra={"pattern": f"^{ANY_EPOCH_PATTERN}$"},
-    ),
+    _epoch_path("a pod epoch (9f2c1a7e-42) or a process epoch (9f2c1a7e-42.0)", ANY_EPOCH_PATTERN),
+]
+PodEpochPath = Annotated[str, _epoch_path("a pod epoch (9f2c1a7e-42)", POD_EPOCH_PATTERN)]
+ProcessEpochPath = Annotated[
+    str, _epoch_path("a process epoch (9f2c1a7e-42.0)", PROCESS_EPOCH_PATTERN)
 ]
 
 
@@ -101,7 +113,7 @@ def parse_any_epoch(store: EpochStore, raw: str) -> PodEpoch | ProcessEpoch:
     return parsed
 
 
-async def pod_epoch(epoch: EpochPath, store: Store) -> PodEpoch:
+async def pod_epoch(epoch: PodEpochPath, store: Store) -> PodEpoch:
     parsed = parse_any_epoch(store, epoch)
     if isinstance(parsed, ProcessEpoch):
         raise ApiError(
@@ -110,4 +122,16 @@ async def pod_epoch(epoch: EpochPath, store: Store) -> PodEpoch:
     return parsed
 
 
+async def process_epoch(process_epoch: ProcessEpochPath, store: Store) -> ProcessEpoch:
+    parsed = parse_any_epoch(store, process_epoch)
+    if not isinstance(parsed, ProcessEpoch):
+        raise ApiError(
+            422,
+            "malformed-epoch",
+            f"{process_epoch} is a pod epoch; this call takes a process epoch (9f2c1a7e-42.0)",
+        )
+    return parsed
+
+
 TargetPodEpoch = Annotated[PodEpoch, Depends(pod_epoch)]
+TargetProcessEpoch = Annotated[ProcessEpoch, Depends(process_epoch)]

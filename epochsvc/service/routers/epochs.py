@@ -13,10 +13,10 @@ from epochsvc.service.deps import (
     Rules,
     Store,
     TargetPodEpoch,
+    TargetProcessEpoch,
     json_body,
     parse_any_epoch,
 )
-from epochsvc.service.errors import ApiError
 from epochsvc.service.lifecycle import Action, State
 from epochsvc.service.models import epoch_of, fields_of
 from epochsvc.service.store.base import UnknownEpoch
@@ -138,9 +138,9 @@ async def register_incarnation(
     )
 
 
-@router.put("/{epoch}/successor", response_model=Epoch)
+@router.put("/{process_epoch}/successor", response_model=Epoch)
 async def record_handoff(
-    epoch: EpochPath,
+    parsed: TargetProcessEpoch,
     body: HandoffRequest,
     store: Store,
     notifier: Notifier,
@@ -150,11 +150,6 @@ async def record_handoff(
     """A draining process (its process epoch) hands its sessions to a live peer of the same
     server, in another pod: one rule per process, recorded once (the same rule again is a
     no-op, another one 409 ``handoff-recorded``). A pod records it only for itself."""
-    parsed = parse_any_epoch(store, epoch)
-    if not isinstance(parsed, ProcessEpoch):
-        raise ApiError(
-            422, "malformed-epoch", f"{epoch} is a pod epoch; name the process that hands on"
-        )
     uid = await rules.incarnation_uid(caller, body.pod_uid)
     record = await store.record_handoff(
         parsed.pod.generation,

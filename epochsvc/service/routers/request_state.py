@@ -12,11 +12,10 @@ from epochsvc.service import keyring
 from epochsvc.service.auth import AnyCaller, Operator
 from epochsvc.service.deps import (
     Config,
-    EpochPath,
     Rules,
     Store,
+    TargetProcessEpoch,
     json_body,
-    parse_any_epoch,
 )
 from epochsvc.service.errors import ApiError
 from epochsvc.service.keyring import Holder, Phase, Ring, RotationInProgress
@@ -29,7 +28,6 @@ from mcp_epoch.api import (
     RingReport,
     RingStatus,
 )
-from mcp_epoch.contract import ProcessEpoch
 
 router = APIRouter(
     prefix="/v1",
@@ -104,17 +102,12 @@ async def load_ring(
     )
 
 
-@router.put("/epochs/{epoch}/request-state", response_model=RingHeld)
+@router.put("/epochs/{process_epoch}/request-state", response_model=RingHeld)
 async def report_ring(
-    epoch: EpochPath, body: RingReport, store: Store, rules: Rules, caller: AnyCaller
+    parsed: TargetProcessEpoch, body: RingReport, store: Store, rules: Rules, caller: AnyCaller
 ) -> RingHeld:
     """The process (a process epoch) holds ring ``revision``: it opens with all its keys and
     seals with the first. Sent after the process switched, never before."""
-    parsed = parse_any_epoch(store, epoch)
-    if not isinstance(parsed, ProcessEpoch):
-        raise ApiError(
-            422, "malformed-epoch", f"{epoch} is a pod epoch; report with the process epoch"
-        )
     await rules.check_own_epoch(caller, parsed.pod.generation)
     ring = await store.report_ring(parsed.pod.generation, parsed.incarnation, body.revision)
     return RingHeld(revision=body.revision, current_revision=ring.revision)
