@@ -253,6 +253,7 @@ class AdmissionServer:
                 self.serving.port,
                 ssl_context=context,
                 reuse_address=True,
+                reuse_port=self.serving.share_port or None,
             )
             await site.start()
             log.info(

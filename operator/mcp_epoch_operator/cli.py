@@ -32,6 +32,8 @@ Flags (environment fallbacks in brackets)::
   admission webhook (omit --webhook-port to serve no webhook)
     --webhook-host ADDR              listen address (default 127.0.0.1; 0.0.0.0 in a pod)
     --webhook-port N                 HTTPS port
+    --webhook-share-port             several operator processes on one host serve the same
+                                     port (the kernel spreads connections over them)
     --webhook-cert F, --webhook-key F  serving certificate and key (re-read when they change)
     --webhook-ca F                   CA bundle for the registered configuration
     --register-webhook               create/update the MutatingWebhookConfiguration pointing at
@@ -106,6 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--webhook-host", default="127.0.0.1", help="webhook listen address")
     parser.add_argument("--webhook-port", type=int, help="webhook HTTPS port (none: no webhook)")
+    parser.add_argument(
+        "--webhook-share-port",
+        action="store_true",
+        help="let other operator processes on this host serve the same webhook port",
+    )
     parser.add_argument("--webhook-cert", type=Path, help="webhook serving certificate (PEM)")
     parser.add_argument("--webhook-key", type=Path, help="webhook serving key (PEM)")
     parser.add_argument("--webhook-ca", type=Path, help="CA bundle for the registered config")
@@ -171,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
             key=args.webhook_key,
             ca=args.webhook_ca,
             advertise=args.webhook_advertise_host,
+            share_port=args.webhook_share_port,
         )
     elif args.register_webhook:
         return _fail("--register-webhook needs --webhook-port, --webhook-cert and --webhook-key")

@@ -21,6 +21,9 @@ class WebhookServing:
     ca: Path | None = None
     #: Host name or address the API server uses to reach us (self-registration only).
     advertise: str | None = None
+    #: Several operator processes on one host serve one port (SO_REUSEPORT: the kernel
+    #: spreads connections over the live ones), as a Service spreads them over pods.
+    share_port: bool = False
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,11 @@ replica library (the naive replicas ignore ``MCP_EPOCH``) and the client.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from tests.cluster.kwok_stages import PROBER_LABEL, PROBER_VALUE
 from tests.e2e.podrunner import KubeAccess, PodProcess, PodRunner
 
 Log = Callable[[str], None]
+#: A fault made while the rollout runs (given the fleet); the rollout waits for it to end.
+DuringDeploy = Callable[["KubernetesFleet"], Awaitable[None]]
 
 API_VERSION = "mcp.epochs.dev/v1alpha1"
 SERVER_LABEL = "mcp.epochs.dev/server"
@@ -131,8 +134,11 @@ class KubernetesFleet(FleetDriver):
         log: Log = lambda _line: None,
         replica_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        during_deploy: DuringDeploy | None = None,
     ) -> None:
         self.kind = kind
+        self.during_deploy = during_deploy
+        self.killed: list[str] = []  # pods a fault killed (their names)
         self.replica_args = tuple(replica_args)  # more flags of the demo replica
         self.env = dict(env or {})  # more environment of its container
         self.min_ready = min_ready
@@ -210,8 +216,13 @@ class KubernetesFleet(FleetDriver):
         mark = len(self.runner.timeline)
         await self.access.run_kubectl("rollout", "restart", deployment, *ns)
         self.log(f"  kubectl rollout restart {deployment} (minReadySeconds {self.min_ready})")
+        fault = (
+            None if self.during_deploy is None else asyncio.ensure_future(self.during_deploy(self))
+        )
         timeout = f"--timeout={int(self.settle_timeout)}s"
         await self.access.run_kubectl("rollout", "status", deployment, *ns, timeout)
+        if fault is not None:
+            await fault
 
         def replaced() -> bool:
             now = {p.uid for p in self.runner.serving()}
@@ -253,8 +264,10 @@ class KubeFleets:
         buffer_events: int = 3000,
         min_ready: int = 2,
         log: Log = lambda _line: None,
+        during_deploy: DuringDeploy | None = None,
     ) -> None:
         self.access = access
+        self.during_deploy = during_deploy
         self.namespace = namespace
         self.workdir = workdir
         self.replica_token = replica_token
@@ -276,6 +289,7 @@ class KubeFleets:
             name=f"demo-{kind}" + (f"-{same + 1}" if same else ""),
             min_ready=self.min_ready,
             log=self.log,
+            during_deploy=self.during_deploy,
         )
         self.fleets.append(fleet)
         return fleet

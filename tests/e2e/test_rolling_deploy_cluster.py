@@ -25,6 +25,8 @@ import asyncio
 import json
 import logging
 import math
+import os
+import signal
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -35,7 +37,7 @@ from epochsvc.demo import report
 from epochsvc.demo.scenario import FLEETS, FleetName, FleetResult, ScenarioConfig, run_fleet
 from mcp_epoch import api
 from tests.e2e.kube_fleet import KubeFleets, KubernetesFleet
-from tests.e2e.podrunner import KubeAccess
+from tests.e2e.podrunner import KubeAccess, PodProcess
 from tests.operator.support import OperatorProcess, ledger_states, wait_for
 from tests.support.epochsvc_proc import EpochServiceProcess
 
@@ -190,3 +192,67 @@ def test_rolling_deploy_on_kubernetes_naive_fails_mcp_epoch_holds(
         reasons = figures_of["rejection_reasons"]
         assert not any(reasons.get(r) for r in report.AVOIDABLE), figures
     assert not failed, figures
+
+
+async def _kill_a_draining_pod(fleet: KubernetesFleet) -> None:
+    """SIGKILL the process of the first pod the rollout deletes, a moment into its drain (as
+    the OOM killer or a lost node would): it hands nothing more on, and whatever it still
+    held is gone for real."""
+
+    def draining() -> list[PodProcess]:
+        return [
+            p
+            for p in fleet.pods()
+            if p.deleted and p.alive is not None and p.alive.returncode is None
+        ]
+
+    await fleet.runner.wait_until(lambda: bool(draining()), 60, "a pod of the rollout draining")
+    victim = draining()[0]
+    await asyncio.sleep(victim.prestop + 0.5)  # fault timing: past its preStop, mid-drain
+    if victim.alive is not None and victim.alive.returncode is None:
+        os.killpg(victim.alive.pid, signal.SIGKILL)
+        fleet.killed.append(victim.pod)
+        print(f"  killed pod {victim.pod}'s process (SIGKILL) in the middle of its drain")
+
+
+def test_a_pod_killed_mid_rollout_loses_only_what_it_held(
+    e2e_operator: OperatorProcess,
+    e2e_service: EpochServiceProcess,
+    kube_access: KubeAccess,
+    demo_namespace: str,
+    keep_figures: list[tuple[str, str]],
+    tmp_path: Path,
+) -> None:
+    """The same rolling deploy with a data-plane fault in it: one draining pod's process is
+    killed. EpochClient: nothing corrupted or hung, and every call that failed says why;
+    plain SDK clients: nothing foreign or missing."""
+    for noisy in ("mcp", "epochsvc", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    fleets = KubeFleets(
+        kube_access,
+        demo_namespace,
+        tmp_path,
+        replica_token=e2e_service.replica_token,
+        buffer_events=CONFIG.buffer_events,
+        min_ready=math.ceil(CONFIG.deploy_pause),
+        log=print,
+        during_deploy=_kill_a_draining_pod,
+    )
+    results: list[FleetResult] = []
+    for kind in ("plain", "epoch"):
+        dump = tmp_path / f"calls-{kind}.jsonl"
+        results.append(asyncio.run(run_fleet(kind, CONFIG, fleets, print, dump)))
+    figures = report.table(results) + f"\n(calls and per-pod logs: {tmp_path})"
+    print("\n" + figures)
+    keep_figures.append(("rolling deploy with a pod killed mid-drain", figures))
+    for fleet in fleets.fleets:
+        assert fleet.killed, f"{fleet.name}: no pod was killed; the fault never happened"
+    plain, epoch = (r.as_dict() for r in results)
+    assert epoch["corrupted_sessions"] == 0 and epoch["hung"] == 0, figures
+    assert plain["foreign"] == 0 and plain["missing"] == 0 and plain["hung"] == 0, figures
+    # Every call that did not complete was told why (an error, a refusal or a drop).
+    for kind in ("plain", "epoch"):
+        for line in (tmp_path / f"calls-{kind}.jsonl").read_text().splitlines():
+            call = json.loads(line)
+            if call.get("outcome") not in (None, "completed"):
+                assert call["error"] or call["refused"] or call["dropped_early"], (kind, call)

@@ -86,6 +86,7 @@ class OperatorProcess:
             "127.0.0.1",
             "--webhook-port",
             str(self.port),
+            "--webhook-share-port",  # a second operator process may serve it too
             "--webhook-cert",
             str(self.cluster.webhook_cert),
             "--webhook-key",
