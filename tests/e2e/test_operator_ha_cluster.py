@@ -53,20 +53,22 @@ def test_an_operator_replica_lost_mid_rollout_stops_nothing(
     )
     killed_at: list[float] = []
 
+    async def kill_one() -> None:
+        await fleet.runner.wait_until(
+            lambda: len(fleet.pods()) > REPLICAS, 60, "the rollout's first new pod"
+        )
+        killed_at.append(time.time())
+        await asyncio.to_thread(e2e_operator.kill)
+        print("  killed one operator replica (SIGKILL)")
+
     async def rollout() -> None:
-        await fleet.start(REPLICAS)
-
-        async def kill_one() -> None:
-            await fleet.runner.wait_until(
-                lambda: len(fleet.pods()) > REPLICAS, 60, "the rollout's first new pod"
-            )
-            killed_at.append(time.time())
-            await asyncio.to_thread(e2e_operator.kill)
-            print("  killed one operator replica (SIGKILL)")
-
-        killing = asyncio.ensure_future(kill_one())
-        await fleet.rolling_deploy(2.0)
-        await killing
+        try:
+            await fleet.start(REPLICAS)
+            killing = asyncio.ensure_future(kill_one())
+            await fleet.rolling_deploy(2.0)
+            await killing
+        finally:
+            await fleet.close()  # on the loop its pod runner runs on
 
     try:
         asyncio.run(rollout())
@@ -93,6 +95,5 @@ def test_an_operator_replica_lost_mid_rollout_stops_nothing(
             "the replaced pods' epochs to be retired by the surviving operator",
         )
     finally:
-        asyncio.run(fleet.close())
         second.stop()
         e2e_operator.start()  # the package's other tests keep their operator

@@ -250,9 +250,13 @@ def test_a_pod_killed_mid_rollout_loses_only_what_it_held(
     plain, epoch = (r.as_dict() for r in results)
     assert epoch["corrupted_sessions"] == 0 and epoch["hung"] == 0, figures
     assert plain["foreign"] == 0 and plain["missing"] == 0 and plain["hung"] == 0, figures
-    # Every call that did not complete was told why (an error, a refusal or a drop).
+    # Every call that did not complete was told why: an error, a refusal, a drop, or its
+    # resumption rejected (404: the killed process's cursors are gone, as a crash's are).
     for kind in ("plain", "epoch"):
         for line in (tmp_path / f"calls-{kind}.jsonl").read_text().splitlines():
             call = json.loads(line)
-            if call.get("outcome") not in (None, "completed"):
-                assert call["error"] or call["refused"] or call["dropped_early"], (kind, call)
+            if call.get("outcome") in (None, "completed"):
+                continue
+            rejected = bool(call["reconnects"]) and call["reconnects"][-1]["status"] == 404
+            told = call["error"] or call["refused"] or call["dropped_early"] or rejected
+            assert told, (kind, call)
