@@ -6,6 +6,8 @@ Callers get a stable ``code`` they can branch on; nothing a caller sends may pro
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
@@ -52,6 +54,26 @@ def _describe(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+class _OutageLog:
+    """The 503s of a store outage, logged as one line when it starts and then at most one
+    summary per :attr:`every` seconds (a PostgreSQL crash under load answered ~350 requests
+    503, one WARNING line each)."""
+
+    every = 10.0
+
+    def __init__(self) -> None:
+        self._last = -math.inf
+        self._since = 0
+
+    def refused(self, exc: StoreUnavailable) -> None:
+        now = time.monotonic()
+        self._since += 1
+        if now - self._last >= self.every:
+            more = f" ({self._since - 1} more 503s since the last line)" if self._since > 1 else ""
+            log.warning("store unavailable: %s; answering 503%s", exc, more)
+            self._last, self._since = now, 0
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -90,9 +112,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _conflict(_: Request, exc: RequestConflict) -> JSONResponse:
         return error_response(409, "request-conflict", str(exc))
 
+    outage = _OutageLog()
+
     @app.exception_handler(StoreUnavailable)
     async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
-        log.warning("store unavailable: %s", exc)
+        outage.refused(exc)
         return error_response(
             503,
             "store-unavailable",

@@ -410,10 +410,12 @@ def test_a_postgres_crash_is_two_log_lines_and_a_prompt_recovery(
         with svc.client() as c:
             issue(c)
             pg.kill()
-            r = c.post(
-                "/v1/epochs", json={"namespace": "default", "server": "demo", "request_uid": "k"}
-            )
-            assert r.status_code == 503 and r.json()["code"] == "store-unavailable"
+            for n in range(20):  # an outage under load: one line for all of its 503s
+                r = c.post(
+                    "/v1/epochs",
+                    json={"namespace": "default", "server": "demo", "request_uid": f"k{n}"},
+                )
+                assert r.status_code == 503 and r.json()["code"] == "store-unavailable"
             _wait_for_log(svc.log_path, "ledger follower lost the database")
             pg.launch()
             _wait_for_log(svc.log_path, "ledger follower is back on the database")
@@ -423,5 +425,6 @@ def test_a_postgres_crash_is_two_log_lines_and_a_prompt_recovery(
         assert log.count("ledger follower lost the database") == 1, log
         assert log.count("ledger follower is back on the database") == 1, log
         assert "Traceback" not in log and "Exception during reset" not in log, log
+        assert log.count("store unavailable") == 1, log
     finally:
         pg.stop()

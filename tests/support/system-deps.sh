@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # System packages the test suite needs beyond Python, installed with apt when missing (needs
 # root or sudo): PostgreSQL's server (the storage tests run a real one on loopback) and
-# iproute2 (the end-to-end test makes the pod address range local with `ip route`, and the
-# image tests give containers network namespaces); iptables (the image tests' stand-in for
-# kube-proxy writes its Service rules with iptables-restore in the node's namespace);
+# iproute2 (the end-to-end test makes the pod address range local with `ip route`, the image
+# tests give containers network namespaces, and the robustness run partitions the epoch service
+# from PostgreSQL in namespaces of its own); iptables (the image tests' stand-in for kube-proxy
+# writes its Service rules with iptables-restore in the node's namespace, and the partition
+# drops packets with it inside its namespace);
 # debootstrap (`make image` makes its cached Debian root filesystems with it).
 set -euo pipefail
 have_pg() { command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }
