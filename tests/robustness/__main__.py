@@ -15,7 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.robustness import linearizability
 from tests.robustness.faults import SCENARIOS, Result, run
+from tests.robustness.history import load
 
 
 def table(results: list[Result]) -> str:
@@ -43,7 +45,16 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="run only the faults whose name contains this")
     parser.add_argument("--backend", choices=("sqlite", "postgres"))
     parser.add_argument("--keep", action="store_true", help="keep the work folders")
+    parser.add_argument(
+        "--check", type=Path, metavar="HISTORY", help="only check a kept history.jsonl again"
+    )
     args = parser.parse_args(argv)
+    if args.check is not None:
+        verdict = linearizability.check(load(args.check))
+        for problem in verdict.problems:
+            print(f"PROBLEM: {problem}")
+        print(f"{args.check}: {'linearizable' if verdict.ok else 'NOT linearizable'}")
+        return 0 if verdict.ok else 1
     chosen = [
         s
         for s in SCENARIOS

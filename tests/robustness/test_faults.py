@@ -19,7 +19,7 @@ from epochsvc.service.app import create_app
 from epochsvc.service.settings import Settings
 from tests.robustness import linearizability
 from tests.robustness.faults import SCENARIOS, Scenario, run
-from tests.robustness.history import Op
+from tests.robustness.history import Op, load, save
 from tests.robustness.workload import Workload
 
 SHORT = 1500
@@ -84,6 +84,17 @@ def test_an_answer_that_was_lost_may_or_may_not_have_happened() -> None:
         _op(1, ("get", 5), ("ok", "draining", None), 8, 9),
     ]
     assert linearizability.check(history).ok
+
+
+def test_a_kept_history_checks_the_same_again(tmp_path: Path) -> None:
+    history = [
+        _op(0, ("issue", "a"), ("ok", 5), 0, 1),
+        _op(1, ("list",), ("ok", ((5, "pending"),)), 2, 3),
+        _op(1, ("get", 5), None, 4, 5),
+    ]
+    save(history, tmp_path / "history.jsonl")
+    assert load(tmp_path / "history.jsonl") == history
+    assert linearizability.check(load(tmp_path / "history.jsonl")).ok
 
 
 def test_a_read_older_than_a_completed_write_is_caught() -> None:
