@@ -36,7 +36,7 @@ import pytest
 from epochsvc.demo import report
 from epochsvc.demo.scenario import FLEETS, FleetName, FleetResult, ScenarioConfig, run_fleet
 from mcp_epoch import api
-from tests.e2e.kube_fleet import KubeFleets, KubernetesFleet
+from tests.e2e.kube_fleet import DuringDeploy, KubeFleets, KubernetesFleet
 from tests.e2e.podrunner import KubeAccess, PodProcess
 from tests.operator.support import OperatorProcess, ledger_states, wait_for
 from tests.support.epochsvc_proc import EpochServiceProcess
@@ -122,6 +122,33 @@ def _check_kubernetes_path(
     )
 
 
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def _kube_fleets(
+    access: KubeAccess,
+    namespace: str,
+    workdir: Path,
+    service: EpochServiceProcess,
+    during_deploy: DuringDeploy | None = None,
+) -> KubeFleets:
+    """The scenario's fleets as McpServers of this package's operator (the SDK's and the
+    service's own logging quieted: the figures are the output)."""
+    for noisy in ("mcp", "epochsvc", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    return KubeFleets(
+        access,
+        namespace,
+        workdir,
+        replica_token=service.replica_token,
+        buffer_events=CONFIG.buffer_events,
+        min_ready=math.ceil(CONFIG.deploy_pause),
+        log=_log,
+        during_deploy=during_deploy,
+    )
+
+
 def test_rolling_deploy_on_kubernetes_naive_fails_mcp_epoch_holds(
     e2e_operator: OperatorProcess,
     e2e_service: EpochServiceProcess,
@@ -131,26 +158,12 @@ def test_rolling_deploy_on_kubernetes_naive_fails_mcp_epoch_holds(
     record_property: Callable[[str, object], None],
     tmp_path: Path,
 ) -> None:
-    for noisy in ("mcp", "epochsvc", "httpx"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    fleets = KubeFleets(
-        kube_access,
-        demo_namespace,
-        tmp_path,
-        replica_token=e2e_service.replica_token,
-        buffer_events=CONFIG.buffer_events,
-        min_ready=math.ceil(CONFIG.deploy_pause),
-        log=log,
-    )
+    fleets = _kube_fleets(kube_access, demo_namespace, tmp_path, e2e_service)
     results: list[FleetResult] = []
     for kind in FLEET_NAMES:
-        log(f"[{FLEETS[kind].title} on Kubernetes]")
+        _log(f"[{FLEETS[kind].title} on Kubernetes]")
         dump = tmp_path / f"calls-{kind}.jsonl"
-        results.append(asyncio.run(run_fleet(kind, CONFIG, fleets, log, dump)))
+        results.append(asyncio.run(run_fleet(kind, CONFIG, fleets, _log, dump)))
 
     failed = report.verdict(results)
     figures = "\n".join(
@@ -226,22 +239,13 @@ def test_a_pod_killed_mid_rollout_loses_only_what_it_held(
     """The same rolling deploy with a data-plane fault in it: one draining pod's process is
     killed. EpochClient: nothing corrupted or hung, and every call that failed says why;
     plain SDK clients: nothing foreign or missing."""
-    for noisy in ("mcp", "epochsvc", "httpx"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
-    fleets = KubeFleets(
-        kube_access,
-        demo_namespace,
-        tmp_path,
-        replica_token=e2e_service.replica_token,
-        buffer_events=CONFIG.buffer_events,
-        min_ready=math.ceil(CONFIG.deploy_pause),
-        log=print,
-        during_deploy=_kill_a_draining_pod,
+    fleets = _kube_fleets(
+        kube_access, demo_namespace, tmp_path, e2e_service, during_deploy=_kill_a_draining_pod
     )
     results: list[FleetResult] = []
     for kind in ("plain", "epoch"):
         dump = tmp_path / f"calls-{kind}.jsonl"
-        results.append(asyncio.run(run_fleet(kind, CONFIG, fleets, print, dump)))
+        results.append(asyncio.run(run_fleet(kind, CONFIG, fleets, _log, dump)))
     figures = report.table(results) + f"\n(calls and per-pod logs: {tmp_path})"
     print("\n" + figures)
     keep_figures.append(("rolling deploy with a pod killed mid-drain", figures))

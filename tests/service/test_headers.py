@@ -16,11 +16,14 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def send_head(port: int, head: bytes) -> bytes:
+def send_head(port: int, head: bytes, size: int | None = None) -> bytes:
+    """Send ``head`` (in writes of ``size`` bytes, or in one) and read the answer whole."""
+    step = size or len(head)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         # The server may answer and close while we are still sending.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            sock.sendall(head)
+            for i in range(0, len(head), step):
+                sock.sendall(head[i : i + step])
         chunks = []
         with contextlib.suppress(ConnectionResetError):
             while data := sock.recv(65536):
@@ -75,18 +78,6 @@ def head_of(counted: int) -> bytes:
     return FIXED + b"a" * (counted - base) + b"\r\n\r\n"
 
 
-def send_in_writes(port: int, head: bytes, size: int) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            for i in range(0, len(head), size):
-                sock.sendall(head[i : i + size])
-        chunks = []
-        with contextlib.suppress(ConnectionResetError):
-            while data := sock.recv(65536):
-                chunks.append(data)
-    return b"".join(chunks)
-
-
 def test_the_limit_holds_for_complete_heads_in_one_write_or_in_many(
     epoch_service: EpochServiceProcess,
 ) -> None:
@@ -96,10 +87,10 @@ def test_the_limit_holds_for_complete_heads_in_one_write_or_in_many(
     port = epoch_service.port
     for size in (LIMIT + 1, 17 * 1024, 32 * 1024, 190 * 1024):
         for write in (len(head_of(size)), 8 * 1024, 1000):
-            answer = send_in_writes(port, head_of(size), write)
+            answer = send_head(port, head_of(size), write)
             assert answer.startswith(b"HTTP/1.1 431 "), (size, write, answer[:80])
     for write in (len(head_of(LIMIT)), 8 * 1024):
-        answer = send_in_writes(port, head_of(LIMIT), write)
+        answer = send_head(port, head_of(LIMIT), write)
         assert answer.startswith(b"HTTP/1.1 200 "), (write, answer[:80])
 
 
@@ -109,8 +100,8 @@ def test_a_second_request_on_the_connection_is_bounded_too(
     """The count starts afresh for each request of a keep-alive connection, whichever read
     carries its first byte."""
     ok = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-    answer = send_in_writes(epoch_service.port, ok + head_of(LIMIT + 1), 1 << 20)
+    answer = send_head(epoch_service.port, ok + head_of(LIMIT + 1), 1 << 20)
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert b"HTTP/1.1 431 " in answer
-    answer = send_in_writes(epoch_service.port, ok + head_of(LIMIT), 1 << 20)
+    answer = send_head(epoch_service.port, ok + head_of(LIMIT), 1 << 20)
     assert answer.count(b"HTTP/1.1 200 ") == 2

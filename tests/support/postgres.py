@@ -163,8 +163,8 @@ class PostgresServer:
 
 
 def _children_of_data(data: Path) -> list[int]:
-    """PIDs of processes still running with ``data`` on their command line or attached to
-    it (the backends of a killed postmaster, until they notice)."""
+    """PIDs of processes still working in ``data`` (PostgreSQL's processes run with it as
+    their working directory): the backends of a killed postmaster, until they notice."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
