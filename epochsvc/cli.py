@@ -16,6 +16,17 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(host=args.host, port=args.port, log_level=args.log_level)
 
 
+def _proxy(args: argparse.Namespace) -> int:
+    import logging
+
+    import mcp_epoch
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = mcp_epoch.sidecar_app(args.upstream, retry_ms=args.retry_ms)
+    mcp_epoch.serve(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
 # Subcommands that live in other packages: (module, help). Each module has
 # ``add_arguments(parser)`` and ``run(args) -> int`` and imports its heavy dependencies
 # (kopf, the MCP SDK) only inside ``run``.
@@ -44,6 +55,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080, help="port (0: pick a free one)")
     serve.add_argument("--log-level", default=None, help="overrides EPOCHSVC_LOG_LEVEL")
     serve.set_defaults(func=_serve)
+    proxy = sub.add_parser(
+        "proxy",
+        help="the sidecar: epoch-safe resumption for any MCP server on this pod",
+        description="Serve the Streamable HTTP MCP server at --upstream (on this pod, any "
+        "language, no change) with everything the mcp_epoch library gives an SDK server: "
+        "epoch-tagged event IDs, exact resumption, forwarding, drain and session handoff. "
+        "Settings come from the MCP_EPOCH_* environment the operator injects; on SIGTERM it "
+        "drains. See docs/sidecar.md.",
+    )
+    proxy.add_argument(
+        "--upstream", required=True, help="host:port of the MCP server, e.g. 127.0.0.1:3000"
+    )
+    proxy.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    proxy.add_argument("--port", type=int, default=8000, help="port to serve clients on")
+    proxy.add_argument(
+        "--retry-ms",
+        type=int,
+        default=1000,
+        help="the SSE retry suggested to clients (ms); the SDK clients reconnect twice",
+    )
+    proxy.add_argument("--log-level", default="warning", help="debug, info, warning, error")
+    proxy.set_defaults(func=_proxy)
     for name, (_module, help_text) in _PLUGINS.items():
         try:
             module = _plugin(name)

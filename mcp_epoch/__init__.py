@@ -5,8 +5,9 @@ A server on the official MCP Python SDK adopts it in one line::
     app = mcp_epoch.epoch_safe_app(mcp)  # serve `app` instead of mcp.streamable_http_app()
 
 served with :func:`serve` (uvicorn, draining on SIGTERM), and a client that wants rejections
-handled for it uses :class:`EpochClient`. On MCP 2026-07-28, a multi-round-trip request's state
-opens on every replica with one more line:
+handled for it uses :class:`EpochClient`. A server in any other language, or one nobody may
+change, gets the same from the sidecar, ``mcp-epoch proxy`` (:func:`sidecar_app`). On MCP
+2026-07-28, a multi-round-trip request's state opens on every replica with one more line:
 ``MCPServer(name, request_state_security=mcp_epoch.request_state_security())``. The names every
 part agrees on (environment, labels, states, token formats) are in :mod:`mcp_epoch.contract`,
 the epoch service's API (its bodies and calls) in :mod:`mcp_epoch.api`, and the one client of
@@ -24,7 +25,9 @@ from mcp_epoch._internal.errors import ResumptionRejected
 from mcp_epoch.contract import Reason
 
 if TYPE_CHECKING:
-    from mcp_epoch._internal.app import EpochSafeApp, epoch_safe_app
+    from mcp_epoch._internal.adapters.sdk import epoch_safe_app
+    from mcp_epoch._internal.adapters.sidecar import sidecar_app
+    from mcp_epoch._internal.app import EpochSafeApp
     from mcp_epoch._internal.client import EpochClient
     from mcp_epoch._internal.keyring import request_state_security
     from mcp_epoch._internal.serve import serve
@@ -42,14 +45,16 @@ __all__ = [
     "epoch_safe_app",
     "request_state_security",
     "serve",
+    "sidecar_app",
 ]
 
 _LAZY = {
     "EpochSafeApp": "mcp_epoch._internal.app",
-    "epoch_safe_app": "mcp_epoch._internal.app",
+    "epoch_safe_app": "mcp_epoch._internal.adapters.sdk",
     "EpochClient": "mcp_epoch._internal.client",
     "serve": "mcp_epoch._internal.serve",
     "request_state_security": "mcp_epoch._internal.keyring",
+    "sidecar_app": "mcp_epoch._internal.adapters.sidecar",
 }
 
 

@@ -2,7 +2,7 @@
 
 Modules, one job each: :mod:`~epochsvc.demo.checker` (ground truth and checks, pure),
 :mod:`~epochsvc.demo.replica` (the replica process of either fleet),
-:mod:`~epochsvc.demo.naive_server` (the model of naive servers), :mod:`~epochsvc.demo.proxy`
+:mod:`~epochsvc.demo.naive_server` (the model of naive servers), :mod:`~epochsvc.demo.balancer`
 (the round-robin balancer), :mod:`~epochsvc.demo.service` (the epoch service process),
 :mod:`~epochsvc.demo.fleet` (fleet drivers: how replicas come and go),
 :mod:`~epochsvc.demo.client` (the checked MCP clients), :mod:`~epochsvc.demo.scenario` (the

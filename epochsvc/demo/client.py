@@ -32,8 +32,8 @@ from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
+from epochsvc.demo.balancer import BACKEND_HEADER, CLIENT_HEADER
 from epochsvc.demo.checker import REPLICA_HEADER, CallCheck
-from epochsvc.demo.proxy import BACKEND_HEADER, CLIENT_HEADER
 from mcp_epoch import EpochClient, ResumptionRejected
 from mcp_epoch.contract import FORWARDED_BY_HEADER, REJECTED_HEADER, TAIL_OF_HEADER
 

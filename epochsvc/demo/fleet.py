@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from epochsvc.demo.proxy import Backend
+from epochsvc.demo.balancer import Backend
 from epochsvc.demo.service import EpochService
 from mcp_epoch import api, contract
 from mcp_epoch.api_client import EpochServiceClient

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from epochsvc.demo.balancer import Balancer, Policy
 from epochsvc.demo.checker import CallCheck, Tally
 from epochsvc.demo.client import (
     CallShape,
@@ -31,7 +32,6 @@ from epochsvc.demo.client import (
     make_client,
 )
 from epochsvc.demo.fleet import FleetDriver, Kind, LocalProcessFleet, Replica
-from epochsvc.demo.proxy import Balancer, Policy
 from epochsvc.demo.service import EpochService
 
 DriverFactory = Callable[[Kind, Balancer], FleetDriver]

@@ -5,7 +5,7 @@ in-memory one, and that is what servers in the field copy: random (UUID) event I
 deque of events per stream, and replay of the events after a known ID within its stream. Random
 IDs mean a cursor is never *misread* by another process; the store just does not know it. Such
 a fleet relies on the balancer's session affinity to send every request of a session, and every
-reconnect, to the one process that holds it (see :mod:`epochsvc.demo.proxy`, ``sticky``).
+reconnect, to the one process that holds it (see :mod:`epochsvc.demo.balancer`, ``sticky``).
 This is written after the SDK's example, not imported: the SDK does not ship it.
 """
 

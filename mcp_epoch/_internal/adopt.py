@@ -144,8 +144,7 @@ class Adopter:
         await respond(send, 200, body)
 
     async def _rebuild(self, scope: Scope, session: HandedSession) -> None:
-        """Open the session anew in the SDK app as its client opened it, under a tag that the
-        session's router task inherits (the store files its events under that tag)."""
+        """Open the session anew in the app as its client opened it (see :func:`reopen`)."""
         tag = SessionTag()
         tag.initialize = session.initialize
         tag.path = session.path
@@ -153,46 +152,60 @@ class Adopter:
         tag.protocol_version = session.protocol_version
         tag.log_level = session.log_level
         tag.tails = session.tails
-        token = current_session.set(tag)
-        try:
-            status, headers, _ = await self._request(scope, session, session.initialize, None)
-            local = headers.get(SESSION_HEADER)
-            if status != 200 or local is None:
-                raise AdoptFailed(f"initialize answered {status}")
-            local_id = local.decode("latin-1")
-            self._registry.bind(local_id, tag, session.public_id)
-            notified = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
-            status, _, _ = await self._request(scope, session, notified, local_id)
-            if status >= 300:
-                raise AdoptFailed(f"notifications/initialized answered {status}")
-            if session.log_level is not None:
-                level = {
-                    "jsonrpc": "2.0",
-                    "id": "mcp-epoch-handoff",
-                    "method": "logging/setLevel",
-                    "params": {"level": session.log_level},
-                }
-                status, _, _ = await self._request(
-                    scope, session, json.dumps(level).encode(), local_id
-                )
-                if status >= 300:
-                    raise AdoptFailed(f"logging/setLevel answered {status}")
-        finally:
-            current_session.reset(token)
+        await reopen(self._app, scope, tag, self._registry, session.public_id)
 
-    async def _request(
-        self, base: Scope, session: HandedSession, body: bytes, local_id: str | None
-    ) -> tuple[int, dict[bytes, bytes], bytes]:
-        try:
-            return await inprocess.request(
-                self._app,
-                base,
-                "POST",
-                session.path,
-                session.host,
-                body,
-                local_id,
-                session.protocol_version if local_id is not None else None,
-            )
-        except TimeoutError:
-            raise AdoptFailed("the SDK app did not answer") from None
+
+async def reopen(
+    app: ASGIApp, base: Scope, tag: SessionTag, registry: SessionRegistry, public_id: str
+) -> None:
+    """Open a session anew in ``app`` as its client opened it, from what ``tag`` recorded:
+    its ``initialize``, then ``notifications/initialized``, then ``logging/setLevel`` if the
+    client had set a level. The app mints a new local ID, bound to the ``public_id`` the client
+    holds. It runs under ``tag``, which the session's router task inherits (the store files
+    its events under it). Used for a session handed over by a draining peer, and by the
+    sidecar for a session its upstream lost when it restarted. Raises :class:`AdoptFailed`."""
+    if tag.initialize is None:
+        raise AdoptFailed("its initialize request was not recorded")
+    initialize = tag.initialize
+    token = current_session.set(tag)
+    try:
+        status, headers, _ = await _request(app, base, tag, initialize, None)
+        local = headers.get(SESSION_HEADER)
+        if status != 200 or local is None:
+            raise AdoptFailed(f"initialize answered {status}")
+        local_id = local.decode("latin-1")
+        registry.bind(local_id, tag, public_id)
+        notified = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
+        status, _, _ = await _request(app, base, tag, notified, local_id)
+        if status >= 300:
+            raise AdoptFailed(f"notifications/initialized answered {status}")
+        if tag.log_level is not None:
+            level = {
+                "jsonrpc": "2.0",
+                "id": "mcp-epoch-handoff",
+                "method": "logging/setLevel",
+                "params": {"level": tag.log_level},
+            }
+            status, _, _ = await _request(app, base, tag, json.dumps(level).encode(), local_id)
+            if status >= 300:
+                raise AdoptFailed(f"logging/setLevel answered {status}")
+    finally:
+        current_session.reset(token)
+
+
+async def _request(
+    app: ASGIApp, base: Scope, tag: SessionTag, body: bytes, local_id: str | None
+) -> tuple[int, dict[bytes, bytes], bytes]:
+    try:
+        return await inprocess.request(
+            app,
+            base,
+            "POST",
+            tag.path,
+            tag.host,
+            body,
+            local_id,
+            tag.protocol_version if local_id is not None else None,
+        )
+    except TimeoutError:
+        raise AdoptFailed("the app did not answer") from None

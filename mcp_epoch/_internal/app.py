@@ -1,4 +1,10 @@
-"""``epoch_safe_app(server)``: a server's Streamable HTTP app, epoch-safe, in one call.
+"""``EpochSafeApp``: the data plane's one core, wrapped around whatever speaks MCP behind it.
+
+An adapter only says what the Streamable HTTP app behind the core is: the SDK adapter
+(:mod:`mcp_epoch._internal.adapters.sdk`) builds the server's own app on the core's event
+store, and the sidecar adapter (:mod:`mcp_epoch._internal.adapters.sidecar`) builds a relay to
+a server on ``localhost`` that files the server's events in the same store. The IDs, the
+buffer, the resume decision, forwarding, the drain and the handoff are all here, once.
 
 It wires what a server needs and nothing blocks while it does: the event store and the guard
 are built at once, while everything that talks to the network happens in the ASGI lifespan.
@@ -15,7 +21,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import anyio
 
@@ -36,10 +41,9 @@ from mcp_epoch._internal.handoff import Handoff
 from mcp_epoch._internal.health import Health
 from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.keyring import follower
-from mcp_epoch._internal.listen import end_listens_on_drain
 from mcp_epoch._internal.liveview import LiveEpochView
 from mcp_epoch._internal.process import ProcessStart, start_process_epoch
-from mcp_epoch._internal.sessions import SessionTag
+from mcp_epoch._internal.sessions import SessionRegistry, SessionTag
 from mcp_epoch._internal.snapshot import EpochSnapshot
 from mcp_epoch._internal.store import NOT_STARTED, EpochEventStore
 from mcp_epoch.contract import HANDOFF_PATH, METRICS_PATH, READY_PATH, ProcessEpoch
@@ -68,11 +72,16 @@ def quiet_http_client_logs() -> None:
         logger.setLevel(logging.WARNING)
 
 
-class StreamableServer(Protocol):
-    """What the SDK's ``MCPServer`` and low-level ``Server`` both offer."""
-
-    @property
-    def streamable_http_app(self) -> Callable[..., Any]: ...
+#: What an adapter gives the core: the Streamable HTTP app to serve, built on the core's store
+#: and its registry of sessions (which maps the IDs clients hold to the app's own).
+InnerApp = Callable[[EpochEventStore, SessionRegistry], ASGIApp]
+#: Given "is this process draining", wire the adapter's own end-of-stream on drain; returns
+#: what ends the streams open when the drain begins (None: nothing to end).
+DrainHook = Callable[[Callable[[], bool]], Callable[[], None] | None]
+#: What the adapter itself finds wrong with serving now (readiness), e.g. a dead upstream,
+#: and the adapter's own lines for ``/metrics``.
+Problems = Callable[[], list[str]]
+Metrics = Callable[[], list[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +100,17 @@ class DrainResult:
 
 
 class EpochSafeApp:
-    """The ASGI app :func:`epoch_safe_app` returns; serve it like the SDK's own app."""
+    """The ASGI app the adapters return; serve it like the SDK's own app."""
 
     def __init__(
         self,
-        server: StreamableServer,
+        inner: InnerApp,
         *,
         env: Mapping[str, str] | None = None,
         first_sync_timeout: float = FIRST_SYNC_TIMEOUT,
-        **http_app_options: Any,
+        on_drain: DrainHook | None = None,
+        problems: Problems | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         quiet_http_client_logs()
         unfinished.install()
@@ -109,8 +120,11 @@ class EpochSafeApp:
         self.store = EpochEventStore(
             capacity=self.config.buffer_events, view=self.view, inflight=self.inflight
         )
-        inner: ASGIApp = server.streamable_http_app(event_store=self.store, **http_app_options)
-        self._guard = ResumptionGuard(inner, self.store, inflight=self.inflight)
+        sessions = SessionRegistry()
+        inner_app = inner(self.store, sessions)
+        self._guard = ResumptionGuard(
+            inner_app, self.store, inflight=self.inflight, sessions=sessions
+        )
         self._guard.handoff = self.handoff = Handoff(
             config=self.config,
             registry=self._guard.sessions,
@@ -123,17 +137,19 @@ class EpochSafeApp:
         )
         self._guard.wait_view = self._wait_view
         self._adopter = Adopter(
-            inner,
+            inner_app,
             self._guard.sessions,
             epoch=lambda: self.store.epoch,
             snapshot=self.store.snapshot,
             wait_view=self._wait_view,
         )
-        self._end_listens = end_listens_on_drain(server, self._guard.is_draining)
+        self._end_listens = None if on_drain is None else on_drain(self._guard.is_draining)
+        self._problems = problems
+        self._metrics = metrics
         self._first_sync_timeout = first_sync_timeout
         self.process_start: ProcessStart | None = None
         self.last_drain: DrainResult | None = None
-        self._inner = inner
+        self._inner = inner_app
         #: A scope the server gave a real request: in-process requests are built on it.
         self._template: Scope | None = None
 
@@ -329,6 +345,8 @@ class EpochSafeApp:
             adopted=self._adopter.adopted,
             served_handed=self._guard.served_handed,
             tail_replays=self._guard.tail_replays,
+            extra=() if self._problems is None else tuple(self._problems()),
+            extra_metrics=() if self._metrics is None else tuple(self._metrics()),
         )
 
     async def _probe(self, path: str, send: Send) -> None:
@@ -382,13 +400,3 @@ class EpochSafeApp:
 def _with_close(message: Message) -> Message:
     headers = [h for h in message.get("headers", ()) if bytes(h[0]).lower() != b"connection"]
     return {**message, "headers": [*headers, (b"connection", b"close")]}
-
-
-def epoch_safe_app(server: StreamableServer, **options: Any) -> EpochSafeApp:
-    """``app = epoch_safe_app(mcp)``: the SDK server's Streamable HTTP app, epoch-safe.
-
-    ``options`` go to ``server.streamable_http_app`` (``retry_interval``, ``json_response``,
-    ...), except ``env`` (default ``os.environ``: the variables the operator injects) and
-    ``first_sync_timeout``.
-    """
-    return EpochSafeApp(server, **options)

@@ -54,7 +54,7 @@ Send = Callable[[Message], Awaitable[None]]
 #: Never copied between hops (RFC 9110 section 7.6.1), plus what the next hop sets itself.
 #: ``Host`` is kept, as proxies keep it: the owner checks it as the first replica did (the
 #: SDK's DNS-rebinding protection answers 421 to a host it does not expect).
-_HOP_BY_HOP: Final = frozenset(
+HOP_BY_HOP: Final = frozenset(
     {
         b"connection",
         b"keep-alive",
@@ -223,7 +223,7 @@ class Forwarder:
             answer = await upstream.exchange(
                 route.address,
                 scope["method"],
-                _target(scope),
+                request_target(scope),
                 _request_headers(scope, route),
                 body,
                 connect_timeout=self._connect_timeout,
@@ -263,36 +263,45 @@ class Forwarder:
     ) -> None:
         # The body's bytes are relayed, so an upstream Content-Length stays true; chunked
         # framing is hop-by-hop and the ASGI server redoes it.
-        out = [(k, v) for k, v in answer.headers if k not in _HOP_BY_HOP]
+        out = [(k, v) for k, v in answer.headers if k not in HOP_BY_HOP]
         out.append((FORWARDED_BY_HEADER.encode(), str(route.epoch).encode()))
         await send({"type": "http.response.start", "status": answer.status, "headers": out})
-        ended = _Ended.CUT
+        ended = Ended.CUT
         with anyio.CancelScope() as relay:
             self._relays.add(relay)
             try:
                 ended = await self._stream(answer, receive, send, route)
             finally:
                 self._relays.discard(relay)
-        if ended is _Ended.COMPLETE:
+        if ended is Ended.COMPLETE:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        elif ended is _Ended.CUT:
+        elif ended is Ended.CUT:
             # Left without its last chunk on purpose, for a client still there: not an error.
             UNFINISHED.expect()
 
     async def _stream(
         self, answer: upstream.Exchange, receive: Receive, send: Send, route: Route
-    ) -> _Ended:
+    ) -> Ended:
         """Relay the body until it ends, the owner goes away, or the client does (or the
         relay is cut from outside, which cancels this)."""
-        if answer.small:  # already on its way whole: no watcher for the client
-            return await _relay_body(answer, send, route)
-        # A plain task (an anyio task group cost ~0.15 ms per forwarded request here) that
-        # ends the owner's side when the client leaves; the relay then ends as it would.
-        watcher = asyncio.ensure_future(_client_gone(receive, answer))
-        try:
-            return await _relay_body(answer, send, route, watcher.done)
-        finally:
-            watcher.cancel()
+        return await stream_answer(answer, receive, send, str(route.epoch))
+
+
+async def stream_answer(
+    answer: upstream.Exchange, receive: Receive, send: Send, peer: str
+) -> Ended:
+    """Send ``answer``'s body to the client as it comes, until it ends, ``peer`` (who
+    answers, for the log) goes away, or the client does: then ``peer``'s side is closed, which
+    is how a peer learns its client left."""
+    if answer.small:  # already on its way whole: no watcher for the client
+        return await _relay_body(answer, send, peer)
+    # A plain task (an anyio task group cost ~0.15 ms per forwarded request here) that
+    # ends the owner's side when the client leaves; the relay then ends as it would.
+    watcher = asyncio.ensure_future(_client_gone(receive, answer))
+    try:
+        return await _relay_body(answer, send, peer, watcher.done)
+    finally:
+        watcher.cancel()
 
 
 async def _client_gone(receive: Receive, answer: upstream.Exchange) -> None:
@@ -305,9 +314,9 @@ async def _client_gone(receive: Receive, answer: upstream.Exchange) -> None:
 async def _relay_body(
     answer: upstream.Exchange,
     send: Send,
-    route: Route,
+    peer: str,
     client_left: Callable[[], bool] = lambda: False,
-) -> _Ended:
+) -> Ended:
     """Send the answer's body on as it comes; CUT when the owner went away mid-answer: the
     client's stream is then cut as a drop would cut it (no final chunk), so it resumes from
     the last event it really received."""
@@ -316,13 +325,13 @@ async def _relay_body(
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except upstream.Broken as exc:
         if client_left():
-            return _Ended.CLIENT_LEFT
-        log.info("forwarded stream from %s broke: %s", route.epoch, exc)
-        return _Ended.CUT
-    return _Ended.COMPLETE
+            return Ended.CLIENT_LEFT
+        log.info("relayed stream from %s broke: %s", peer, exc)
+        return Ended.CUT
+    return Ended.COMPLETE
 
 
-class _Ended(enum.Enum):
+class Ended(enum.Enum):
     """How a relay ended."""
 
     COMPLETE = "complete"
@@ -330,7 +339,7 @@ class _Ended(enum.Enum):
     CLIENT_LEFT = "client-left"
 
 
-def _target(scope: Scope) -> bytes:
+def request_target(scope: Scope) -> bytes:
     """The request target as the client sent it (path and query)."""
     path = bytes(scope.get("raw_path") or scope["path"].encode())
     query = bytes(scope.get("query_string") or b"")
@@ -344,7 +353,7 @@ def _request_headers(scope: Scope, route: Route) -> list[tuple[bytes, bytes]]:
     headers = [
         (bytes(k).lower(), bytes(v))
         for k, v in scope["headers"]
-        if bytes(k).lower() not in _HOP_BY_HOP and bytes(k).lower() != b"content-length"
+        if bytes(k).lower() not in HOP_BY_HOP and bytes(k).lower() != b"content-length"
     ]
     if not any(k == b"host" for k, _ in headers):  # an HTTP/1.0 client may send none
         headers.append((b"host", route.address.encode()))

@@ -156,10 +156,11 @@ class ResumptionGuard:
         *,
         inflight: InFlight | None = None,
         forwarder: Forwarder | None = None,
+        sessions: SessionRegistry | None = None,
     ) -> None:
         self.app = app
         self.store = store
-        self.sessions = SessionRegistry()
+        self.sessions = sessions if sessions is not None else SessionRegistry()
         self.inflight = inflight if inflight is not None else InFlight()
         self.forwarder = forwarder if forwarder is not None else Forwarder()
         #: Set when this process drains (SIGTERM); the ledger saying ``draining`` counts too.

@@ -27,6 +27,9 @@ class Health:
     adopted: int = 0
     served_handed: int = 0
     tail_replays: int = 0
+    #: What the adapter finds wrong (the sidecar: its upstream does not answer).
+    extra: tuple[str, ...] = ()
+    extra_metrics: tuple[str, ...] = ()
 
     @property
     def problems(self) -> list[str]:
@@ -43,6 +46,7 @@ class Health:
                 "the request-state ring is not loaded yet: "
                 f"{self.ring.last_error or 'waiting for the epoch service'}"
             )
+        found.extend(self.extra)
         if self.draining:
             found.append("draining: finishing the calls in flight before exit")
         return found
@@ -91,4 +95,5 @@ class Health:
         ]
         if self.ring is not None:
             lines.extend(self.ring.metrics())
+        lines.extend(self.extra_metrics)
         return ("\n".join(lines) + "\n").encode()

@@ -84,19 +84,35 @@ async def follow(
     The check for new events and the registration as a waiter run without an await between
     them, and appends happen on the same event loop, so no append can slip between the two.
     """
-    key: StreamKey = (owner, plan.stream_id)
     cursor = buffer.get(plan.cursor.seq)
     if cursor is not None and is_final(cursor):
         return  # the client already has the final response: nothing follows it
-    events: Sequence[BufferedEvent] = plan.events
-    pos = plan.upto  # every seq below pos has been looked at
+    await follow_from(
+        buffer, followers, plan.events, plan.upto, owner, plan.stream_id, send, is_final
+    )
+
+
+async def follow_from(
+    buffer: ReplayBuffer,
+    followers: Followers,
+    events: Sequence[BufferedEvent],
+    pos: int,
+    owner: Hashable | None,
+    stream_id: str,
+    send: Callable[[BufferedEvent], Awaitable[None]],
+    is_final: Callable[[BufferedEvent], bool],
+) -> None:
+    """Send ``events``, then every event of (``owner``, ``stream_id``) from seq ``pos`` on,
+    until a final one. With no ``events`` and ``pos`` the buffer's next seq, that is a stream
+    followed from now (a standalone stream opened without a cursor)."""
+    key: StreamKey = (owner, stream_id)
     while True:
         for ev in events:
             await send(ev)
             if is_final(ev):
                 return
         while True:
-            events = _ours_from(buffer, pos, owner, plan.stream_id)
+            events = _ours_from(buffer, pos, owner, stream_id)
             pos = buffer.next_seq
             if events:
                 break

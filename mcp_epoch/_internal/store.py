@@ -19,7 +19,7 @@ from mcp_epoch._internal.decision import ReplayPlan, decide, zombie
 from mcp_epoch._internal.errors import ResumptionGap
 from mcp_epoch._internal.eventid import EventId
 from mcp_epoch._internal.inflight import InFlight
-from mcp_epoch._internal.resume import Followers, follow, mark_broken
+from mcp_epoch._internal.resume import Followers, follow, follow_from, mark_broken
 from mcp_epoch._internal.sessions import SessionTag, current_session
 from mcp_epoch._internal.snapshot import EpochSnapshot
 from mcp_epoch.contract import DEFAULT_BUFFER_EVENTS, ProcessEpoch
@@ -142,3 +142,17 @@ class EpochEventStore(EventStore):
             mark_broken()
             raise
         return None
+
+    async def follow_stream(self, stream_id: str, since: int, send_callback: EventCallback) -> None:
+        """Send every event of the current session's ``stream_id`` from seq ``since`` on, as
+        it is stored (a stream opened without a cursor: the sidecar's standalone streams)."""
+        owner = current_session.get()
+
+        async def send(ev: BufferedEvent) -> None:
+            await send_callback(EventMessage(ev.message, ev.event_id))
+
+        if self.buffer.is_evicted(since):
+            raise ResumptionGap(f"event {since} was evicted before the stream could send it")
+        await follow_from(
+            self.buffer, self._followers, (), since, owner, stream_id, send, _is_final
+        )

@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from epochsvc.demo.balancer import Balancer
 from epochsvc.demo.checker import Token
 from epochsvc.demo.fleet import LocalProcessFleet
-from epochsvc.demo.proxy import Balancer
 from epochsvc.demo.service import EpochService
 from tests.clients.probes import go_probe, ts_probe
 

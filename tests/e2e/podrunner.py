@@ -47,8 +47,8 @@ from typing import Any
 
 import aiohttp
 
+from epochsvc.demo.balancer import Backend
 from epochsvc.demo.fleet import ReplicaSetListener, _wait_serving, drain_report
-from epochsvc.demo.proxy import Backend
 from tests.cluster.kube import MERGE, AsyncApiException, AsyncKube
 from tests.e2e.prober import ReadinessProber, probe_of, probed_by_runner, with_readiness
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from epochsvc.demo.proxy import Balancer
+from epochsvc.demo.balancer import Balancer
 from mcp_epoch import api
 from tests.cluster.harness import Cluster
 from tests.e2e.kube_fleet import KubernetesFleet

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from epochsvc.demo.proxy import Balancer
+from epochsvc.demo.balancer import Balancer
 from mcp_epoch.contract import ENV_RING_REFRESH, ROTATE_ANNOTATION
 from tests.cluster.harness import Cluster
 from tests.e2e.conftest import RING_TTL_SECONDS

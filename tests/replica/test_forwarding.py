@@ -198,7 +198,7 @@ def test_a_relay_whose_owner_dies_is_cut_for_its_client_without_an_error(
                 pass
     # A logged before it closed the client's connection: its log is complete for this.
     log = (tmp_path / "a.log").read_text()
-    assert "forwarded stream from" in log
+    assert "relayed stream from" in log
     assert UNFINISHED_LINE not in log
 
 

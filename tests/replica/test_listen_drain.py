@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
+from epochsvc.demo.balancer import Balancer
 from epochsvc.demo.fleet import LocalProcessFleet, drain_report
-from epochsvc.demo.proxy import Balancer
 from epochsvc.demo.service import EpochService
 
 pytestmark = pytest.mark.anyio

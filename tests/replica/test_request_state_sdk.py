@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
+from epochsvc.demo.balancer import Balancer
 from epochsvc.demo.fleet import NAMESPACE, SERVER, LocalProcessFleet
-from epochsvc.demo.proxy import Balancer
 from epochsvc.demo.service import EpochService
 from mcp_epoch import api
 from mcp_epoch.contract import ENV_RING_REFRESH

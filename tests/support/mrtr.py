@@ -12,7 +12,7 @@ from typing import Any
 import mcp.types as types
 from mcp import Client
 
-from epochsvc.demo.proxy import Backend
+from epochsvc.demo.balancer import Backend
 
 
 @dataclass

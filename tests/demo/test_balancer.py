@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from epochsvc.demo.proxy import CLIENT_HEADER, Backend, Balancer
+from epochsvc.demo.balancer import CLIENT_HEADER, Backend, Balancer
 
 
 def test_a_drop_cuts_the_request_in_flight_and_says_how_many_connections_it_cut() -> None:

@@ -1,0 +1,65 @@
+"""The demo's TypeScript MCP server (``server.mjs``), installed from the npm lock beside it.
+
+The official TypeScript SDK is installed once, with ``npm ci`` from ``package-lock.json``, into
+``~/.cache/mcp-epoch/upstream/ts-<hash of the lock>``, and reused by every later run (the npm
+cache lives there too). It needs ``node`` and ``npm`` on the ``PATH`` (Node.js 20 or later).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path.home() / ".cache" / "mcp-epoch"
+_FILES = ("package.json", "package-lock.json", "server.mjs")
+
+
+class NodeMissing(RuntimeError):
+    """``node`` or ``npm`` is not installed, or the packages could not be installed."""
+
+
+def install() -> Path:
+    """The directory holding ``server.mjs`` and its ``node_modules`` (installed if needed)."""
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            raise NodeMissing(
+                f"{tool} is not on the PATH: install Node.js 20 or later to run TypeScript "
+                "MCP servers behind the sidecar"
+            )
+    digest = hashlib.sha256()
+    for name in ("package.json", "package-lock.json"):
+        digest.update((HERE / name).read_bytes())
+    home = CACHE / "upstream" / f"ts-{digest.hexdigest()[:12]}"
+    if not (home / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        home.mkdir(parents=True, exist_ok=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy(HERE / name, home / name)
+        cmd = ["npm", "ci", "--no-audit", "--no-fund", "--cache", str(CACHE / "npm-cache")]
+        done = subprocess.run(
+            cmd, cwd=home, capture_output=True, text=True, timeout=600, check=False
+        )
+        if done.returncode != 0:
+            raise NodeMissing(
+                f"npm ci failed in {home} ({done.returncode}); is the npm registry reachable?\n"
+                f"{done.stderr[-2000:]}"
+            )
+    shutil.copy(HERE / "server.mjs", home / "server.mjs")
+    return home
+
+
+def command(name: str, *, port: int = 0, store: str = "none") -> list[str]:
+    """The command line of one server process (it prints ``{"port", "pid", "name"}``)."""
+    home = install()
+    return [
+        "node",
+        str(home / "server.mjs"),
+        "--port",
+        str(port),
+        "--name",
+        name,
+        "--store",
+        store,
+    ]
