@@ -234,13 +234,16 @@ class UpstreamRelay:
 
     # -- one exchange with the upstream --------------------------------------------------
 
-    def _headers(self, scope: Scope, session: str | None = None) -> list[tuple[bytes, bytes]]:
+    def _headers(
+        self, scope: Scope, session: str | None = None, *, as_sent: bool = False
+    ) -> list[tuple[bytes, bytes]]:
         """The client's end-to-end headers, addressed to the upstream (its ``Host``: servers
-        on ``localhost`` guard against DNS rebinding by it), without a cursor."""
+        on ``localhost`` guard against DNS rebinding by it), without a cursor unless the
+        request passes ``as_sent`` (2026-07-28: cursors are not the sidecar's business)."""
         out = [(b"host", self.address.encode())]
         for key, value in scope["headers"]:
             name = bytes(key).lower()
-            if name in _DROPPED:
+            if name in _DROPPED and not (as_sent and name == LAST_EVENT_ID_HEADER):
                 continue
             if name == SESSION_HEADER and session is not None:
                 value = session.encode("latin-1")
@@ -248,7 +251,13 @@ class UpstreamRelay:
         return out
 
     async def _send_up(
-        self, scope: Scope, body: bytes, send: Send, tag: SessionTag | None
+        self,
+        scope: Scope,
+        body: bytes,
+        send: Send,
+        tag: SessionTag | None,
+        *,
+        as_sent: bool = False,
     ) -> upstream.Exchange | None:
         """The upstream's answer to the request; None when the client was answered here
         instead (the upstream did not answer). A session the upstream lost is reopened and
@@ -260,7 +269,7 @@ class UpstreamRelay:
                     self.address,
                     scope["method"],
                     request_target(scope),
-                    self._headers(scope, session),
+                    self._headers(scope, session, as_sent=as_sent),
                     body,
                     connect_timeout=self._connect_timeout,
                     write_timeout=self._write_timeout,
@@ -321,7 +330,13 @@ class UpstreamRelay:
     # -- requests ------------------------------------------------------------------------
 
     async def _pass(
-        self, scope: Scope, receive: Receive, send: Send, tag: SessionTag | None
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        tag: SessionTag | None,
+        *,
+        as_sent: bool = True,
     ) -> None:
         """A request relayed as it is, its answer too (MCP 2026-07-28: a client that leaves
         closes the upstream's side, which is how the upstream hears of a cancellation)."""
@@ -332,7 +347,7 @@ class UpstreamRelay:
             return
         if early is not None:
             return
-        answer = await self._send_up(scope, body, send, tag)
+        answer = await self._send_up(scope, body, send, tag, as_sent=as_sent)
         if answer is not None:
             await self._relay_whole(answer, receive, send)
 
@@ -500,7 +515,7 @@ class UpstreamRelay:
         """A standalone GET: the session's upstream GET stream is opened once and pumped into
         the store; this client follows the store from now until it leaves or that ends."""
         if tag is None or tag not in self._held:
-            await self._pass(scope, receive, send, tag)  # the upstream says why not
+            await self._pass(scope, receive, send, tag, as_sent=False)  # the upstream says why
             return
         standalone = self._held[tag]
         since = self.store.buffer.next_seq
