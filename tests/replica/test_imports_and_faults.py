@@ -48,6 +48,7 @@ def test_the_public_face_is_small() -> None:
         "epoch_safe_app",
         "request_state_security",
         "serve",
+        "sidecar_app",
     ]
     for name in mcp_epoch.__all__:
         assert getattr(mcp_epoch, name) is not None
