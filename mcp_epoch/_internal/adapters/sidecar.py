@@ -76,7 +76,7 @@ log = logging.getLogger("mcp_epoch.sidecar")
 #: The SSE ``retry`` suggested to clients, in ms: the TypeScript and Python SDK clients try
 #: twice, ``retry`` apart, so it must outlast a pod leaving its Service's endpoints.
 DEFAULT_RETRY_MS: Final = 1000
-#: How often the upstream's port is tried while it does not answer (readiness).
+#: How often the upstream's port is tried (readiness).
 PROBE_SECONDS: Final = 1.0
 #: The first revision whose clients parse an empty priming event.
 PRIMING_SINCE: Final = "2025-11-25"
@@ -175,20 +175,17 @@ class UpstreamRelay:
             self.down_since = None
 
     async def _watch_upstream(self) -> None:
-        """Try the upstream's port while it does not answer, and once at start, so readiness
-        follows it even when no request arrives."""
+        """Try the upstream's port every :data:`PROBE_SECONDS`, so readiness follows the
+        upstream even when no request arrives (a connection opened and closed: no request)."""
         host, port = upstream.host_port(self.address)
-        first = True
         while True:
-            if first or self.down_since is not None:
-                try:
-                    with anyio.fail_after(self._connect_timeout):
-                        stream = await anyio.connect_tcp(host, port)
-                    await stream.aclose()
-                    self._up()
-                except (OSError, TimeoutError) as exc:
-                    self._down(f"no connection: {exc!r}")
-                first = False
+            try:
+                with anyio.fail_after(self._connect_timeout):
+                    stream = await anyio.connect_tcp(host, port)
+                await stream.aclose()
+                self._up()
+            except (OSError, TimeoutError) as exc:
+                self._down(f"no connection: {exc!r}")
             await anyio.sleep(PROBE_SECONDS)
 
     # -- ASGI ----------------------------------------------------------------------------
