@@ -50,8 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--fleets",
-        default="naive,sticky,plain,epoch",
-        help="which fleets to run, in order (default naive,sticky,plain,epoch)",
+        default="naive,sticky,plain,epoch,sidecar",
+        help="which fleets to run, in order (default naive,sticky,plain,epoch,sidecar; "
+        "sidecar needs Node.js 20 or later and npm)",
     )
     parser.add_argument(
         "--no-deploy",
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from epochsvc.demo import report
+    from epochsvc.demo.fleet import EPOCH_KINDS
     from epochsvc.demo.scenario import FLEETS, FleetName, FleetResult, local_driver, run_fleet
     from epochsvc.demo.service import EpochService
 
@@ -118,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         f"mcp-epoch demo: {cfg.clients} clients, {cfg.replicas} replicas, ~{cfg.duration:g}s "
         f"of traffic per fleet, seed {cfg.seed}"
     )
-    needs_service = any(FLEETS[f].servers == "epoch" for f in fleets)
+    needs_service = any(FLEETS[f].servers in EPOCH_KINDS for f in fleets)
     service = EpochService(workdir) if needs_service else None
     results: list[FleetResult] = []
     try:

@@ -30,8 +30,11 @@ from epochsvc.demo.service import EpochService
 from mcp_epoch import api, contract
 from mcp_epoch.api_client import EpochServiceClient
 
-#: What a fleet's replicas run: mcp-epoch, the naive model, or the SDK with its example store.
-Kind = Literal["naive", "epoch", "sdk"]
+#: What a fleet's replicas run: mcp-epoch (the library, or the sidecar in front of the
+#: TypeScript SDK server), the naive model, or the SDK with its example store.
+Kind = Literal["naive", "epoch", "sidecar", "sdk"]
+#: The kinds that run mcp-epoch: they need the epoch service.
+EPOCH_KINDS: frozenset[Kind] = frozenset({"epoch", "sidecar"})
 NAMESPACE = "demo"
 SERVER = "demo"
 
@@ -115,8 +118,8 @@ class LocalProcessFleet(FleetDriver):
         request_state: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        if kind == "epoch" and service is None:
-            raise ValueError("the mcp-epoch fleet needs the epoch service")
+        if kind in EPOCH_KINDS and service is None:
+            raise ValueError(f"the {kind} fleet needs the epoch service")
         self.kind = kind
         self.listener = listener
         self.workdir = workdir
@@ -228,7 +231,7 @@ class LocalProcessFleet(FleetDriver):
         proc, rep.proc = rep.proc, None
         if proc is None or proc.poll() is not None:
             return
-        if self.kind == "epoch":
+        if self.kind in EPOCH_KINDS:
             rep.counters = await _scrape(rep.backend)
         if how is not None:
             await asyncio.sleep(how.prestop)  # the preStop hook, as the pod spec says

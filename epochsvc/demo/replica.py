@@ -6,6 +6,11 @@ listens. Both kinds serve the same ``work`` tool; they differ only in what the d
 
 * ``epoch``: the replica library exactly as the README tells a server to adopt it
   (``mcp_epoch.epoch_safe_app(mcp)``), with the operator-style environment.
+* ``sidecar``: the TypeScript SDK server of :mod:`epochsvc.demo.upstream` (no event store)
+  behind ``mcp_epoch.sidecar_app`` (what ``mcp-epoch proxy`` serves), the two as one pod: the
+  server is this process's child, on a loopback port of its own, and is stopped only once the
+  sidecar's drain is over (as a preStop that waits for the drain keeps a pod's main container
+  serving).
 * ``naive``: :mod:`epochsvc.demo.naive_server`, a model of ordinary servers.
 
 Every kind also serves ``approve``, a tool that asks for input the MCP 2026-07-28 way (a
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Annotated, Any
@@ -31,7 +37,7 @@ from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from pydantic import BaseModel
 
 from epochsvc.demo.checker import REPLICA_HEADER, Token
-from mcp_epoch import EpochSafeApp, epoch_safe_app, request_state_security, serve
+from mcp_epoch import EpochSafeApp, epoch_safe_app, request_state_security, serve, sidecar_app
 from mcp_epoch.contract import READY_PATH
 
 Scope = MutableMapping[str, Any]
@@ -44,6 +50,8 @@ MCP_PATH = "/mcp"  # the SDK's default streamable_http_path
 
 SERVER_NAME = "mcp-epoch-demo"
 REPLICA = {"name": "?"}
+#: The sidecar kind's upstream server, stopped once the sidecar has drained.
+UPSTREAM: list[subprocess.Popen[str]] = []
 
 
 class Answer(BaseModel):
@@ -175,6 +183,9 @@ def build(
     kind: str, buffer_events: int, request_state: str | None = None
 ) -> tuple[ASGIApp, EpochSafeApp | None]:
     """The replica's ASGI app, and the epoch-safe app inside it (None for naive)."""
+    if kind == "sidecar":
+        app = sidecar_app(f"127.0.0.1:{start_upstream()}", retry_ms=RETRY_MS)
+        return NoStandaloneStream(NameEveryAnswer(app)), app
     mcp = make_server(request_state or ("ring" if kind == "epoch" else "ephemeral"))
     if kind == "epoch":
         app = epoch_safe_app(mcp, retry_interval=RETRY_MS)  # the one line a server adds
@@ -191,6 +202,30 @@ def build(
     )
     make_naive(mcp.session_manager)
     return AlwaysReady(NoStandaloneStream(NameEveryAnswer(inner))), None
+
+
+def start_upstream() -> int:
+    """Start the TypeScript server (this replica's name in its tokens); its port."""
+    from epochsvc.demo import upstream
+
+    proc = subprocess.Popen(
+        upstream.command(REPLICA["name"]), stdout=subprocess.PIPE, stderr=sys.stderr, text=True
+    )
+    UPSTREAM.append(proc)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"the TypeScript server exited with {proc.wait()}")
+    return int(json.loads(line)["port"])
+
+
+def stop_upstream() -> None:
+    for proc in UPSTREAM:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 class AnnounceWhenStarted:
@@ -216,7 +251,7 @@ class AnnounceWhenStarted:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=("epoch", "naive", "sdk"), required=True)
+    parser.add_argument("--kind", choices=("epoch", "sidecar", "naive", "sdk"), required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
@@ -246,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
             uvicorn.Config(announced, lifespan="on", timeout_graceful_shutdown=1, **options)
         ).run(sockets=[sock])
         return 0
-    serve(epoch_app, asgi=announced, sockets=[sock], **options)  # drains on SIGTERM
+    try:
+        serve(epoch_app, asgi=announced, sockets=[sock], **options)  # drains on SIGTERM
+    finally:
+        stop_upstream()  # the main container: signalled once the sidecar has drained
     if epoch_app.last_drain is not None:
         d = epoch_app.last_drain
         health = epoch_app.health()

@@ -31,12 +31,12 @@ from epochsvc.demo.client import (
     drop_schedule,
     make_client,
 )
-from epochsvc.demo.fleet import FleetDriver, Kind, LocalProcessFleet, Replica
+from epochsvc.demo.fleet import EPOCH_KINDS, FleetDriver, Kind, LocalProcessFleet, Replica
 from epochsvc.demo.service import EpochService
 
 DriverFactory = Callable[[Kind, Balancer], FleetDriver]
 Log = Callable[[str], None]
-FleetName = Literal["naive", "sticky", "plain", "epoch"]
+FleetName = Literal["naive", "sticky", "plain", "epoch", "sidecar"]
 ClientKind = Literal["plain", "epoch"]
 
 
@@ -55,6 +55,7 @@ FLEETS: dict[FleetName, FleetSpec] = {
     "sticky": FleetSpec("sdk", "plain", "sticky", "SDK + affinity"),
     "plain": FleetSpec("epoch", "plain", None, "mcp-epoch, SDK clients"),
     "epoch": FleetSpec("epoch", "epoch", None, "mcp-epoch fleet"),
+    "sidecar": FleetSpec("sidecar", "epoch", None, "sidecar, TS servers"),
 }
 
 
@@ -176,7 +177,7 @@ def local_driver(
             kind,
             lb,
             workdir,
-            service=service if kind == "epoch" else None,
+            service=service if kind in EPOCH_KINDS else None,
             buffer_events=buffer_events,
             log=log,
         )
