@@ -1,4 +1,5 @@
-"""`mcp-epoch demo` as a real subprocess, small: both fleets, the verdict read from its JSON."""
+"""`mcp-epoch demo` as a real subprocess, small: the naive fleet, the library's and the sidecar's
+(TypeScript SDK servers behind it), the verdict read from its JSON."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).with_name("mcp-epoch")
@@ -14,13 +16,18 @@ CLI = Path(sys.executable).with_name("mcp-epoch")
 def test_demo_small_run_proves_the_point(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     cmd = [str(CLI), "demo", "--clients", "12", "--replicas", "3", "--duration", "8"]
-    cmd += ["--seed", "3", "--fleets", "naive,epoch", "--json", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    cmd += ["--seed", "3", "--fleets", "naive,epoch,sidecar", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     print(proc.stdout)  # both fleets' table lands in the test output (pytest -s / on failure)
     print(proc.stderr[-3000:], file=sys.stderr)
     summary = json.loads(out.read_text())
-    naive, epoch = summary["fleets"]["naive"], summary["fleets"]["epoch"]
-    for name, f in (("naive", naive), ("mcp-epoch", epoch)):
+    fleets = summary["fleets"]
+    naive = fleets["naive"]
+    for name, f in (
+        ("naive", naive),
+        ("mcp-epoch", fleets["epoch"]),
+        ("sidecar", fleets["sidecar"]),
+    ):
         print(
             f"{name}: sessions={f['sessions']} corrupted={f['corrupted_sessions']} "
             f"hung={f['hung']} rejections={f['rejections']} reinits_ok={f['reinits_ok']} "
@@ -29,7 +36,21 @@ def test_demo_small_run_proves_the_point(tmp_path: Path) -> None:
         )
     # The naive fleet shows the failure, or the scenario proves nothing.
     assert naive["corrupted_sessions"] > 0 and naive["hung"] > 0
-    # The mcp-epoch fleet shows none of it.
+    for kind in ("epoch", "sidecar"):
+        _shows_none_of_it(fleets[kind])
+    # The verdict's completion target (>= 99.5 % of calls) is a rate over the full scenario
+    # (docs: 10 seeds of ~500 calls); this small run has under 100 calls, where one lost call
+    # is already 1 %, so here every other verdict line must hold and the rate is reported.
+    rate = "of the tool calls a client could complete completed"
+    assert [line for line in summary["failed"] if rate not in line] == [], summary["failed"]
+    for kind in ("epoch", "sidecar"):
+        print(
+            f"{kind} completion of reachable calls: {fleets[kind]['completion_of_reachable_pct']}%"
+        )
+
+
+def _shows_none_of_it(epoch: dict[str, Any]) -> None:
+    """What the library's fleet shows, and the sidecar's the same."""
     assert epoch["corrupted_sessions"] == 0
     assert epoch["hung"] == 0
     # A planned deploy moves sessions rather than ending them: the drained replicas handed
@@ -40,9 +61,3 @@ def test_demo_small_run_proves_the_point(tmp_path: Path) -> None:
     assert epoch["reinits_ok"] == epoch["rejections"]
     assert epoch["cross_process_resumed"] == 0
     assert epoch["same_process_lossless"] > 0 and epoch["same_process_lossy"] == 0
-    # The verdict's completion target (>= 99.5 % of calls) is a rate over the full scenario
-    # (docs: 10 seeds of ~500 calls); this small run has under 100 calls, where one lost call
-    # is already 1 %, so here every other verdict line must hold and the rate is reported.
-    rate = "of the tool calls a client could complete completed"
-    assert [line for line in summary["failed"] if rate not in line] == [], summary["failed"]
-    print(f"mcp-epoch completion of reachable calls: {epoch['completion_of_reachable_pct']}%")
