@@ -138,6 +138,31 @@ HANDOFF_PATH: Final = "/.well-known/mcp-epoch/handoff"
 #: Request header of a hand-on: the process epoch handing its sessions on. The receiver takes
 #: them only if the ledger's handoff rule names it as that process's successor.
 HANDOFF_FROM_HEADER: Final = "mcp-epoch-handoff-from"
+
+# --- the sidecar (``mcp-epoch proxy``) in a pod -----------------------------------------------
+
+#: Pod annotation choosing the data plane: ``library`` (the server runs mcp_epoch itself, the
+#: default) or ``sidecar`` (the webhook injects ``mcp-epoch proxy`` in front of the server).
+DATA_PLANE_ANNOTATION: Final = "mcp.epochs.dev/data-plane"
+DATA_PLANES: Final = ("library", "sidecar")
+#: Pod annotation: the port the MCP server listens on inside the pod (``127.0.0.1``), behind the
+#: sidecar. Required with the sidecar.
+UPSTREAM_PORT_ANNOTATION: Final = "mcp.epochs.dev/upstream-port"
+#: Pod annotation: the port the sidecar serves clients on (the pod's MCP port; default 8080).
+SIDECAR_PORT_ANNOTATION: Final = "mcp.epochs.dev/port"
+#: The injected native sidecar container (an init container with ``restartPolicy: Always``).
+SIDECAR_CONTAINER: Final = "mcp-epoch-sidecar"
+#: Where the main container's preStop asks the sidecar to drain, and waits until it has: the
+#: kubelet signals a pod's main containers first and its native sidecars only once they have
+#: exited, so the upstream must keep serving until the sidecar's drain is over.
+DRAIN_PATH: Final = "/.well-known/mcp-epoch/drain"
+#: Request header of a drain request; its value must equal the sidecar's ``MCP_EPOCH_DRAIN_TOKEN``
+#: (the webhook puts a fresh one in each pod), so nothing else in the cluster can drain a pod.
+DRAIN_TOKEN_HEADER: Final = "mcp-epoch-drain-token"
+ENV_DRAIN_TOKEN: Final = "MCP_EPOCH_DRAIN_TOKEN"
+#: Seconds a drain request waits before draining (the pod leaves its Service's endpoints
+#: meanwhile), as the library's preStop sleep does before SIGTERM.
+ENV_PRESTOP: Final = "MCP_EPOCH_PRESTOP_SECONDS"
 #: Session IDs minted through the guard: ``<process epoch>_<32 hex digits>`` (visible ASCII, as
 #: the Streamable HTTP transport requires; the hex part is the SDK's own unguessable ID).
 SESSION_SEPARATOR: Final = "_"

@@ -17,9 +17,11 @@ This module imports ``mcp``.
 from __future__ import annotations
 
 import contextlib
+import hmac
+import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import anyio
@@ -46,7 +48,14 @@ from mcp_epoch._internal.process import ProcessStart, start_process_epoch
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag
 from mcp_epoch._internal.snapshot import EpochSnapshot
 from mcp_epoch._internal.store import NOT_STARTED, EpochEventStore
-from mcp_epoch.contract import HANDOFF_PATH, METRICS_PATH, READY_PATH, ProcessEpoch
+from mcp_epoch.contract import (
+    DRAIN_PATH,
+    DRAIN_TOKEN_HEADER,
+    HANDOFF_PATH,
+    METRICS_PATH,
+    READY_PATH,
+    ProcessEpoch,
+)
 
 log = logging.getLogger("mcp_epoch")
 
@@ -152,6 +161,9 @@ class EpochSafeApp:
         self._inner = inner_app
         #: A scope the server gave a real request: in-process requests are built on it.
         self._template: Scope | None = None
+        #: Set by the server serving this app (``mcp_epoch.serve``): drain as its exit signal
+        #: would (its listener closes at the end), without exiting. A drain request uses it.
+        self.drain_trigger: Callable[[], Awaitable[DrainResult]] | None = None
 
     @property
     def epoch(self) -> ProcessEpoch:
@@ -363,7 +375,32 @@ class EpochSafeApp:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
+    async def _drain_request(self, scope: Scope, send: Send) -> None:
+        """``GET`` :data:`~mcp_epoch.contract.DRAIN_PATH` with the pod's drain token: wait the
+        preStop time, drain, and answer once the drain is over (the sidecar's main container
+        runs this as its preStop, so the kubelet signals the server only after it). The process
+        keeps running, its listener closed, until its own signal comes."""
+        token = self.config.drain_token
+        given = dict(scope["headers"]).get(DRAIN_TOKEN_HEADER.encode(), b"")
+        if token is None or not hmac.compare_digest(bytes(given), token.encode()):
+            log.warning("refused a drain request without this pod's drain token")
+            await respond(send, 403, error_body("a drain request needs this pod's drain token"))
+            return
+        await anyio.sleep(self.config.prestop_seconds)
+        result = await (self.drain_trigger() if self.drain_trigger is not None else self.drain())
+        body = {
+            "drained": round(result.seconds, 3),
+            "in_flight": result.in_flight,
+            "abandoned": result.abandoned,
+            "handed": result.handed,
+            "deadline": result.hit_deadline,
+        }
+        await respond(send, 200, json.dumps(body).encode())
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == DRAIN_PATH and self.config.drain_token:
+            await self._drain_request(scope, send)
+            return
         if (
             scope["type"] == "http"
             and scope["method"] == "GET"

@@ -14,11 +14,13 @@ from mcp_epoch.contract import (
     DEFAULT_RING_REFRESH_SECONDS,
     ENV_BUFFER,
     ENV_DRAIN,
+    ENV_DRAIN_TOKEN,
     ENV_EPOCH,
     ENV_HANDOFF,
     ENV_NAMESPACE,
     ENV_POD_NAME,
     ENV_POD_UID,
+    ENV_PRESTOP,
     ENV_RING_REFRESH,
     ENV_SERVER,
     ENV_SERVICE_TOKEN,
@@ -95,6 +97,10 @@ class ReplicaConfig:
     ring_refresh_seconds: float = DEFAULT_RING_REFRESH_SECONDS
     #: Whether a draining process hands its sessions on (``MCP_EPOCH_HANDOFF``, default on).
     handoff: bool = True
+    #: The sidecar's drain trigger (``MCP_EPOCH_DRAIN_TOKEN``): None, no drain endpoint.
+    drain_token: str | None = None
+    #: How long a drain request waits before draining (``MCP_EPOCH_PRESTOP_SECONDS``).
+    prestop_seconds: float = 0.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ReplicaConfig:
@@ -115,6 +121,8 @@ class ReplicaConfig:
                 e, ENV_RING_REFRESH, DEFAULT_RING_REFRESH_SECONDS, zero=False
             ),
             handoff=handoff_from_env(e),
+            drain_token=_get(e, ENV_DRAIN_TOKEN),
+            prestop_seconds=seconds_from_env(e, ENV_PRESTOP, 0.0),
         )
 
     def credential(self) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import uvicorn
 
-from mcp_epoch._internal.app import EpochSafeApp
+from mcp_epoch._internal.app import DrainResult, EpochSafeApp
 from mcp_epoch._internal.guard import ASGIApp
 from mcp_epoch._internal.unfinished import UNFINISHED
 
@@ -41,6 +41,8 @@ class DrainingServer(uvicorn.Server):
         self.on_started = on_started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
+        self._drained: asyncio.Future[DrainResult] | None = None
+        epoch_app.drain_trigger = self.drain_now
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -68,9 +70,17 @@ class DrainingServer(uvicorn.Server):
         if self._drain is None:
             self._drain = asyncio.ensure_future(self._drain_then_exit())
 
+    async def drain_now(self) -> DrainResult:
+        """Drain once (a drain request, or the exit signal): the calls in flight delivered,
+        the sessions handed on, the listener closed. Later callers wait for the same drain."""
+        if self._drained is None:
+            drain = self.epoch_app.drain(stop_accepting=self._stop_accepting)
+            self._drained = asyncio.ensure_future(drain)
+        return await asyncio.shield(self._drained)
+
     async def _drain_then_exit(self) -> None:
         try:
-            await self.epoch_app.drain(stop_accepting=self._stop_accepting)
+            await self.drain_now()
         finally:
             UNFINISHED.exiting()  # what is still open now is cut by the exit, on purpose
             self.should_exit = True
