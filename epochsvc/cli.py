@@ -24,6 +24,19 @@ def _proxy(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = mcp_epoch.sidecar_app(args.upstream, retry_ms=args.retry_ms)
     mcp_epoch.serve(app, host=args.host, port=args.port, log_level=args.log_level)
+    drained = app.last_drain
+    if args.drain_report and drained is not None:
+        import json
+
+        report = {
+            "drained": round(drained.seconds, 3),
+            "in_flight": drained.in_flight,
+            "abandoned": drained.abandoned,
+            "handed": drained.handed,
+            "kept": drained.kept,
+            "deadline": drained.hit_deadline,
+        }
+        print(json.dumps(report), flush=True)
     return 0
 
 
@@ -76,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the SSE retry suggested to clients (ms); the SDK clients reconnect twice",
     )
     proxy.add_argument("--log-level", default="warning", help="debug, info, warning, error")
+    proxy.add_argument(
+        "--drain-report",
+        action="store_true",
+        help="on exit, print what the drain did as one JSON line on stdout (for a supervisor)",
+    )
     proxy.set_defaults(func=_proxy)
     for name, (_module, help_text) in _PLUGINS.items():
         try:

@@ -27,6 +27,7 @@ from aiohttp import web
 
 from mcp_epoch import api
 from mcp_epoch.api_client import EpochServiceClient, EpochServiceError, EpochServiceUnavailable
+from mcp_epoch_operator import sidecar
 from mcp_epoch_operator.config import OperatorConfig, WebhookServing
 from mcp_epoch_operator.epochs import WEBHOOK_POLICY, client_for, send_counted
 from mcp_epoch_operator.metrics import OperatorMetrics
@@ -111,7 +112,9 @@ class Admitter:
             return SKIPPED  # the registered rules send pod CREATEs only; allow anything else
         try:
             target = target_of(request)
-        except Refusal as exc:
+            if target is not None:
+                sidecar.check(request.get("object") or {}, self.config.replica.sidecar_image)
+        except (Refusal, sidecar.SidecarRefusal) as exc:
             return refused(400, f"mcp-epoch: {exc}")
         if target is None:
             return SKIPPED

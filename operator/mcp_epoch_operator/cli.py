@@ -130,6 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="mcp-epoch-operator-servers",
         help="ConfigMap in the operator namespace remembering servers with epochs",
     )
+    parser.add_argument(
+        "--sidecar-image",
+        help="the mcp-epoch image whose `mcp-epoch proxy` is injected into pods that choose "
+        "the sidecar (annotation mcp.epochs.dev/data-plane: sidecar); none: such pods are "
+        "refused",
+    )
     parser.add_argument("--resync-interval", type=float, default=30.0)
     parser.add_argument("--health-endpoint", help="e.g. http://0.0.0.0:8081/healthz")
     parser.add_argument(
@@ -196,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
             service_url=args.replica_epoch_service_url or args.epoch_service_url,
             token_secret=secret,
             token_audience=None if secret else args.token_audience,
+            sidecar_image=args.sidecar_image,
         ),
         operator_namespace=args.operator_namespace,
         webhook=webhook,

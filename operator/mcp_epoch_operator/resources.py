@@ -15,6 +15,7 @@ from typing import Any
 import kopf
 
 from mcp_epoch.contract import (
+    DATA_PLANE_ANNOTATION,
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_EVENTS_PER_SECOND,
     DEFAULT_MIN_READY_SECONDS,
@@ -25,7 +26,9 @@ from mcp_epoch.contract import (
     INJECTED_ENV,
     MAX_OPERATOR_BUFFER_EVENTS,
     READY_PATH,
+    SIDECAR_PORT_ANNOTATION,
     TOKEN_AUDIENCE,
+    UPSTREAM_PORT_ANNOTATION,
 )
 from mcp_epoch_operator.names import (
     API_VERSION,
@@ -82,6 +85,9 @@ class ReplicaDefaults:
     #: Audience of the projected ServiceAccount token the webhook mounts into every managed
     #: pod (None: mount none).
     token_audience: str | None = TOKEN_AUDIENCE
+    #: The mcp-epoch image, whose ``mcp-epoch proxy`` the webhook injects as the sidecar of
+    #: pods that choose it (None: such pods are refused, with what to set).
+    sidecar_image: str | None = None
 
 
 def buffer_events(reconnect_window_seconds: float | None, events_per_second: float | None) -> int:
@@ -225,6 +231,8 @@ def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[st
     grace = spec.get("terminationGracePeriodSeconds")
     drain = Drain.of(spec).within(None if grace is None else int(grace))
     token = token_secret_of(spec, defaults)
+    plane = spec.get("dataPlane") or {}
+    sidecar = plane.get("mode") == "sidecar"
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec["image"],
@@ -235,6 +243,18 @@ def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[st
         ],
         "readinessProbe": readiness_probe(spec),
     }
+    sidecar_annotations: dict[str, str] = {}
+    if sidecar:
+        # The webhook injects the sidecar, which serves the MCP port and answers /readyz
+        # (failing while the server does not answer); the server listens on upstreamPort.
+        del container["ports"]
+        if not spec.get("readinessProbe"):
+            del container["readinessProbe"]
+        sidecar_annotations = {
+            DATA_PLANE_ANNOTATION: "sidecar",
+            UPSTREAM_PORT_ANNOTATION: str(int(plane["upstreamPort"])),
+            SIDECAR_PORT_ANNOTATION: str(port),
+        }
     if drain.prestop:
         # The kubelet's own sleep (no binary needed in the image): endpoints are updated
         # while it waits, so SIGTERM finds the pod out of rotation.
@@ -258,8 +278,8 @@ def build_deployment(mcps: dict[str, Any], defaults: ReplicaDefaults) -> dict[st
         # The server label last, so a user label can never take it over.
         "labels": {**(spec.get("podLabels") or {}), **server_selector(name)},
     }
-    if spec.get("podAnnotations"):
-        template_meta["annotations"] = dict(spec["podAnnotations"])
+    if spec.get("podAnnotations") or sidecar_annotations:
+        template_meta["annotations"] = {**(spec.get("podAnnotations") or {}), **sidecar_annotations}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -53,6 +53,7 @@ from mcp_epoch_operator.resources import (
     handoff_value,
     secret_env,
 )
+from mcp_epoch_operator.sidecar import SidecarRefusal, add_sidecar
 
 
 class Refusal(ValueError):
@@ -165,6 +166,10 @@ def inject(pod: dict[str, Any], epoch: str, server: str, defaults: ReplicaDefaul
     serves MCP there needs its epoch as much as a main container. An ``MCP_EPOCH`` already in
     a manifest (e.g. a copied pod) is replaced: each pod gets its own epoch, never a copy.
     """
+    try:
+        add_sidecar(pod, defaults.sidecar_image)  # first: the sidecar gets the same variables
+    except SidecarRefusal as exc:
+        raise Refusal(str(exc)) from None
     meta = pod.setdefault("metadata", {})
     annotations = meta.get("annotations") or {}
     annotations[EPOCH_ANNOTATION] = epoch
