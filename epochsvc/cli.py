@@ -24,19 +24,10 @@ def _proxy(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = mcp_epoch.sidecar_app(args.upstream, retry_ms=args.retry_ms)
     mcp_epoch.serve(app, host=args.host, port=args.port, log_level=args.log_level)
-    drained = app.last_drain
-    if args.drain_report and drained is not None:
+    if args.drain_report and app.last_drain is not None:
         import json
 
-        report = {
-            "drained": round(drained.seconds, 3),
-            "in_flight": drained.in_flight,
-            "abandoned": drained.abandoned,
-            "handed": drained.handed,
-            "kept": drained.kept,
-            "deadline": drained.hit_deadline,
-        }
-        print(json.dumps(report), flush=True)
+        print(json.dumps(app.drain_report()), flush=True)
     return 0
 
 

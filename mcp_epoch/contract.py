@@ -121,6 +121,9 @@ REASONS: Final[tuple[Reason, ...]] = ("gap", "live-elsewhere", "draining", "reti
 FORWARDED_TO_HEADER: Final = "mcp-epoch-forwarded-to"
 #: Response header the forwarding replica adds: the process epoch that really answered.
 FORWARDED_BY_HEADER: Final = "mcp-epoch-forwarded-by"
+#: Response header on every answer of a session-era request: the process epoch that answered
+#: it (a forwarded answer keeps its owner's), whatever the server behind mcp-epoch says.
+SERVED_BY_HEADER: Final = "mcp-epoch-served-by"
 #: Response header of a forwarded resumption that replays a call's stream (which ends with the
 #: call's answer), not the open-ended standalone stream: the relaying replica's drain waits for
 #: it, as for a forwarded POST, because the owner counts the call delivered once it wrote the

@@ -35,7 +35,12 @@ from mcp.shared.dispatcher import ProgressFnT
 from epochsvc.demo.balancer import BACKEND_HEADER, CLIENT_HEADER
 from epochsvc.demo.checker import REPLICA_HEADER, CallCheck
 from mcp_epoch import EpochClient, ResumptionRejected
-from mcp_epoch.contract import FORWARDED_BY_HEADER, REJECTED_HEADER, TAIL_OF_HEADER
+from mcp_epoch.contract import (
+    FORWARDED_BY_HEADER,
+    REJECTED_HEADER,
+    SERVED_BY_HEADER,
+    TAIL_OF_HEADER,
+)
 
 
 @dataclass(frozen=True)
@@ -108,8 +113,10 @@ class DemoClient(abc.ABC):
     def observe(self, session: int, response: httpx2.Response) -> None:
         """Every HTTP response of this client: find the call's stream and its reconnects.
 
-        The process that answered is the one the replica names (``X-Demo-Replica``; a
-        forwarded answer carries its owner's name), else the balancer's choice."""
+        The process that answered is the one mcp-epoch names (``Mcp-Epoch-Served-By``: the
+        sidecar answers resumptions itself, where the server behind it names nothing), else
+        the one the replica names (``X-Demo-Replica``; a forwarded answer carries its owner's
+        name), else the balancer's choice."""
         reason = response.headers.get(REJECTED_HEADER)
         if response.status_code == 404 and reason:
             self.result.reasons[reason] = self.result.reasons.get(reason, 0) + 1
@@ -117,7 +124,11 @@ class DemoClient(abc.ABC):
         if call is None or session != self._current_session:
             return
         request = response.request
-        served = response.headers.get(REPLICA_HEADER) or response.headers.get(BACKEND_HEADER)
+        served = (
+            response.headers.get(SERVED_BY_HEADER)
+            or response.headers.get(REPLICA_HEADER)
+            or response.headers.get(BACKEND_HEADER)
+        )
         forwarded = FORWARDED_BY_HEADER in response.headers
         if request.method == "POST" and b'"tools/call"' in request.content:
             ctype = response.headers.get("content-type", "")

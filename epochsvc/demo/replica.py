@@ -184,8 +184,10 @@ def build(
 ) -> tuple[ASGIApp, EpochSafeApp | None]:
     """The replica's ASGI app, and the epoch-safe app inside it (None for naive)."""
     if kind == "sidecar":
+        # The sidecar as it ships: the TypeScript server names its answers and offers no
+        # standalone stream itself, as the Python replicas' wrappers make them do.
         app = sidecar_app(f"127.0.0.1:{start_upstream()}", retry_ms=RETRY_MS)
-        return NoStandaloneStream(NameEveryAnswer(app)), app
+        return app, app
     mcp = make_server(request_state or ("ring" if kind == "epoch" else "ephemeral"))
     if kind == "epoch":
         app = epoch_safe_app(mcp, retry_interval=RETRY_MS)  # the one line a server adds
@@ -209,7 +211,10 @@ def start_upstream() -> int:
     from epochsvc.demo import upstream
 
     proc = subprocess.Popen(
-        upstream.command(REPLICA["name"]), stdout=subprocess.PIPE, stderr=sys.stderr, text=True
+        upstream.command(REPLICA["name"], standalone=False),
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr,
+        text=True,
     )
     UPSTREAM.append(proc)
     assert proc.stdout is not None
@@ -286,28 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_upstream()  # the main container: signalled once the sidecar has drained
     if epoch_app.last_drain is not None:
-        d = epoch_app.last_drain
-        health = epoch_app.health()
-        print(
-            json.dumps(
-                {
-                    "drained": round(d.seconds, 3),
-                    "in_flight": d.in_flight,
-                    "abandoned": d.abandoned,
-                    "forwarded": epoch_app.forwarded,
-                    "handed": d.handed,
-                    "kept": d.kept,
-                    "deadline": d.hit_deadline,
-                    "held_by": [
-                        f"{rid} ({'answered' if a else 'running'})" for rid, a in d.held_by
-                    ],
-                    "adopted": health.adopted,
-                    "served_handed": health.served_handed,
-                    "tail_replays": health.tail_replays,
-                }
-            ),
-            flush=True,
-        )
+        print(json.dumps(epoch_app.drain_report()), flush=True)
     return 0
 
 

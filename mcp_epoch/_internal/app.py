@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
@@ -286,6 +287,27 @@ class EpochSafeApp:
             )
         return result
 
+    def drain_report(self) -> dict[str, Any]:
+        """What the last drain did, and the handoff counters since start, as one JSON-able
+        document (a supervisor reads it as the process exits; empty before any drain)."""
+        d = self.last_drain
+        if d is None:
+            return {}
+        health = self.health()
+        return {
+            "drained": round(d.seconds, 3),
+            "in_flight": d.in_flight,
+            "abandoned": d.abandoned,
+            "forwarded": self.forwarded,
+            "handed": d.handed,
+            "kept": d.kept,
+            "deadline": d.hit_deadline,
+            "held_by": [f"{rid} ({'answered' if a else 'running'})" for rid, a in d.held_by],
+            "adopted": health.adopted,
+            "served_handed": health.served_handed,
+            "tail_replays": health.tail_replays,
+        }
+
     async def _end_sessions(self, tags: list[SessionTag]) -> None:
         """End the sessions a drain that ran out of time keeps (``DELETE``, in process): what
         they had pending fails now (their server-to-client requests included), instead of the
@@ -359,6 +381,7 @@ class EpochSafeApp:
             tail_replays=self._guard.tail_replays,
             extra=() if self._problems is None else tuple(self._problems()),
             extra_metrics=() if self._metrics is None else tuple(self._metrics()),
+            epoch=str(self.store.epoch) if self.store.bound else "",
         )
 
     async def _probe(self, path: str, send: Send) -> None:

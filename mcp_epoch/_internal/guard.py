@@ -50,6 +50,7 @@ from mcp_epoch.contract import (
     FORWARDED_TO_HEADER,
     MOVED_TO_HEADER,
     REJECTED_HEADER,
+    SERVED_BY_HEADER,
     SESSION_SEPARATOR,
     TAIL_OF_HEADER,
     ProcessEpoch,
@@ -462,6 +463,7 @@ class ResumptionGuard:
             (b"cache-control", b"no-cache, no-transform"),
             (SESSION_HEADER, (tag.public_id or "").encode("latin-1")),
             (TAIL_OF_HEADER.encode(), str(plan.tail.epoch).encode()),
+            (SERVED_BY_HEADER.encode(), str(self.store.epoch).encode()),
         ]
         if request.forwarded and not standalone:
             headers.append((CALL_STREAM_HEADER.encode(), b"1"))
@@ -575,9 +577,10 @@ class ResumptionGuard:
     def _outgoing(
         self, start: Message, tag: SessionTag | None, fresh: bool, own: str
     ) -> list[tuple[bytes, bytes]]:
-        """Response headers with the session ID shown as the client holds it: the tag's public
-        ID, minted here as ``<own epoch>_<SDK id>`` when the session opened here."""
-        out = []
+        """Response headers with the session ID shown as the client holds it (the tag's public
+        ID, minted here as ``<own epoch>_<SDK id>`` when the session opened here) and this
+        process named as the one that answered."""
+        out = [(SERVED_BY_HEADER.encode(), own.encode())]
         for key, value in start.get("headers", ()):
             if bytes(key).lower() == SESSION_HEADER:
                 local = bytes(value).decode("latin-1")

@@ -30,6 +30,8 @@ class Health:
     #: What the adapter finds wrong (the sidecar: its upstream does not answer).
     extra: tuple[str, ...] = ()
     extra_metrics: tuple[str, ...] = ()
+    #: This process's epoch ("" before it has one): a probe's answer names who answered.
+    epoch: str = ""
 
     @property
     def problems(self) -> list[str]:
@@ -53,7 +55,7 @@ class Health:
 
     def readiness(self) -> tuple[int, bytes]:
         problems = self.problems
-        body = {"ready": not problems, "problems": problems}
+        body = {"ready": not problems, "problems": problems, "epoch": self.epoch}
         return (503 if problems else 200), json.dumps(body).encode()
 
     def metrics(self) -> bytes:

@@ -33,6 +33,7 @@ from mcp_epoch.contract import (
     DRAIN_TOKEN_HEADER,
     ENV_DRAIN_TOKEN,
     ENV_PRESTOP,
+    INJECTED_ENV,
     READY_PATH,
     SIDECAR_CONTAINER,
     SIDECAR_PORT_ANNOTATION,
@@ -186,6 +187,14 @@ def add_sidecar(pod: dict[str, Any], image: str | None) -> None:
         lifecycle["preStop"] = drain_prestop(port, token)
         container["lifecycle"] = lifecycle
     sidecar = sidecar_container(image, port, upstream_port, token, prestop)
+    # What an McpServer's Deployment gave its server for mcp-epoch (its token Secret, drain,
+    # buffer, ...) is the sidecar's now; the webhook adds the rest, as for any container.
+    carried = [
+        dict(e)
+        for e in (containers[0].get("env") or [] if containers else [])
+        if e.get("name") in INJECTED_ENV
+    ]
+    sidecar["env"] = [*sidecar["env"], *carried]
     others = [c for c in spec.get("initContainers") or [] if c.get("name") != SIDECAR_CONTAINER]
     # First among the init containers: the server's own init containers may need the network
     # the sidecar serves, and a native sidecar starts before everything after it.

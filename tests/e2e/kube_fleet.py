@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from epochsvc.demo import upstream
 from epochsvc.demo.fleet import FleetDriver, Kind, Replica, ReplicaSetListener
 from tests.cluster.kwok_stages import PROBER_LABEL, PROBER_VALUE
 from tests.e2e.podrunner import KubeAccess, PodProcess, PodRunner
@@ -62,6 +63,10 @@ def mcpserver_manifest(
     its pod IP and container port, rollouts one pod at a time with no capacity lost, a short
     preStop wait and drain, the replica token through a Secret reference, and its readiness
     (the operator's default probe, ``/readyz``) reported by the pod runner."""
+    if kind == "sidecar":
+        return sidecar_mcpserver_manifest(
+            name, namespace, replicas, token_secret, buffer_events, min_ready_seconds
+        )
     return {
         "apiVersion": API_VERSION,
         "kind": "McpServer",
@@ -103,6 +108,33 @@ def mcpserver_manifest(
             },
         },
     }
+
+
+#: Where the TypeScript server listens inside its pod, behind the injected sidecar.
+UPSTREAM_PORT = 3000
+
+
+def sidecar_mcpserver_manifest(
+    name: str,
+    namespace: str,
+    replicas: int,
+    token_secret: str,
+    buffer_events: int,
+    min_ready_seconds: int,
+) -> dict[str, Any]:
+    """The ``McpServer`` of the sidecar fleet: the TypeScript SDK server (no event store, no
+    mcp-epoch in it) as the container, listening on ``127.0.0.1:3000`` in its pod, and
+    ``spec.dataPlane.mode: sidecar``: the webhook injects ``mcp-epoch proxy`` in front of it.
+    Everything else as for the library's fleet."""
+    base = mcpserver_manifest(
+        name, namespace, "epoch", replicas, token_secret, buffer_events, min_ready_seconds
+    )
+    command = upstream.command("$(MCP_POD_NAME)", port=UPSTREAM_PORT, standalone=False)
+    spec = base["spec"]
+    spec["command"], spec["args"] = command[:2], [*command[2:], "--host", "127.0.0.1"]
+    spec["env"] = []
+    spec["dataPlane"] = {"mode": "sidecar", "upstreamPort": UPSTREAM_PORT}
+    return base
 
 
 def token_secret_manifest(name: str, namespace: str, token: str) -> dict[str, Any]:

@@ -19,6 +19,18 @@ Running but not ready, the runner also plays the kubelet's readiness prober
 and writes the pod's ``Ready`` condition, so the Deployment controller counts a new pod only
 once it serves and the EndpointSlice controller follows the probe.
 
+A pod with **native sidecars** (init containers with ``restartPolicy: Always``, such as the
+mcp-epoch sidecar the webhook injects) runs in the kubelet's order: each sidecar is started
+before the next container (none has a startup probe, so started is enough), then the main
+container; the pod is Ready when the sidecar's readiness probe passes (a main container without
+a probe is ready once started). On deletion the main container's preStop runs to its end (an
+``httpGet`` hook is the request, with its headers, answered or timed out at the grace period),
+then the main container gets SIGTERM, and only once it has exited do the sidecars get theirs,
+in reverse order; SIGKILL for whatever outlives the grace period (a hook that used it all up
+leaves 2 s, as the kubelet grants). All containers of a pod share its network namespace, so
+its loopback is its own; the pods here share this machine's, so ``127.0.0.1``, ``localhost``
+and ``0.0.0.0`` in a container's command mean the pod's IP.
+
 What it deliberately does not emulate: images (the command runs with this machine's Python),
 liveness and startup probes, restarts, volumes. Pod IPs are real: the control plane hands out
 addresses of the benchmarking range (``198.18.0.0/16``, routed to the loopback device), so a
@@ -46,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 
 from epochsvc.demo.balancer import Backend
 from epochsvc.demo.fleet import ReplicaSetListener, _wait_serving, drain_report
@@ -64,6 +77,28 @@ EPOCH_ANNOTATION = "mcp.epochs.dev/epoch"
 #: Environment the runner never passes down from its own process: a pod gets these only from
 #: its spec, so a value left in the runner's shell can never stand in for an injected one.
 _NOT_INHERITED = ("MCP_", "EPOCHSVC_", "KUBECONFIG")
+
+
+#: What a container's command says for "this pod": its IP here (see the module's docstring).
+POD_LOCAL = ("127.0.0.1", "localhost", "0.0.0.0")
+
+
+def in_pod_network(argv: list[str], ip: str) -> list[str]:
+    """``argv`` with the pod's own addresses (``127.0.0.1[:port]`` ...) as its pod IP."""
+    out = []
+    for word in argv:
+        for local in POD_LOCAL:
+            if word == local or word.startswith(local + ":"):
+                word = ip + word[len(local) :]
+                break
+        out.append(word)
+    return out
+
+
+def native_sidecars(pod: Pod) -> list[dict[str, Any]]:
+    """The pod's native sidecars, in spec order."""
+    inits = (pod.get("spec") or {}).get("initContainers") or []
+    return [c for c in inits if c.get("restartPolicy") == "Always"]
 
 
 #: What ends one list-and-watch round: the runner lists again (an expired version is a 410).
@@ -232,6 +267,15 @@ class PodProcess:
     annotated_epoch: str  # what the webhook recorded on the pod
     grace: float  # seconds from the deletion to SIGKILL (preStop included)
     prestop: float = 0.0  # the preStop hook's sleep
+    prestop_get: dict[str, Any] | None = None  # the preStop hook's httpGet
+    sidecars: tuple[str, ...] = ()  # the pod's native sidecars, by name
+    main: str = ""  # the main container's name
+    sidecar_procs: list[asyncio.subprocess.Process] = field(default_factory=list, repr=False)
+    #: Monotonic times of a sidecar pod's stop: its preStop hook answered, its main container
+    #: exited, its last sidecar exited (the kubelet's order, as the tests check it).
+    hook_done_at: float | None = None
+    main_exited_at: float | None = None
+    sidecars_exited_at: float | None = None
     ip: str = "127.0.0.1"
     in_rotation: bool = False  # the balancer routes to it
     endpoint_ready: bool = False  # its EndpointSlice endpoint has been ready
@@ -290,7 +334,13 @@ class PodRunner:
         self.listener = listener
         self.workdir = workdir
         self.executables = dict(
-            executables or {"python": sys.executable, "python3": sys.executable}
+            executables
+            or {
+                "python": sys.executable,
+                "python3": sys.executable,
+                # The mcp-epoch image's entrypoint (the injected sidecar runs it).
+                "mcp-epoch": str(Path(sys.executable).with_name("mcp-epoch")),
+            }
         )
         self.start_timeout = start_timeout
         self.log = log
@@ -412,7 +462,8 @@ class PodRunner:
         spec = pod.get("spec") or {}
         grace = meta.get("deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds"))
         container = (spec.get("containers") or [{}])[0]
-        sleep = ((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+        pre = (container.get("lifecycle") or {}).get("preStop") or {}
+        sleep = pre.get("sleep") or {}
         pp = PodProcess(
             pod=str(meta["name"]),
             uid=uid,
@@ -421,6 +472,9 @@ class PodRunner:
             prestop=float(sleep.get("seconds") or 0),
             ip=str((pod.get("status") or {}).get("podIP") or "127.0.0.1"),
             probed=probed_by_runner(pod),
+            prestop_get=pre.get("httpGet"),
+            sidecars=tuple(str(c["name"]) for c in native_sidecars(pod)),
+            main=str(container.get("name", "")),
         )
         self._pods[uid] = pp
         pp.task = asyncio.create_task(self._run(pp, pod), name=f"pod-{pp.pod}")
@@ -448,12 +502,17 @@ class PodRunner:
 
     async def _run(self, pp: PodProcess, pod: Pod) -> None:
         t0 = time.monotonic()
-        container = (pod.get("spec") or {}).get("containers", [{}])[0]
+        sidecars = native_sidecars(pod)
+        # The container whose probe decides the pod's readiness: the sidecar's, if it has one.
+        container = sidecars[0] if sidecars else (pod.get("spec") or {}).get("containers", [{}])[0]
         try:
             probe = probe_of(container, pp.ip) if pp.probed else None
             await self._hold(pp, pod)
             await self._ip_free(pp)
-            await self._launch(pp, pod)
+            if sidecars:
+                await self._launch_with_sidecars(pp, pod, sidecars)
+            else:
+                await self._launch(pp, pod)
         except Exception as exc:
             pp.error = f"pod {pp.pod}: {exc}"
             self.errors.append(pp.error)
@@ -477,15 +536,20 @@ class PodRunner:
             f"{pp.backend.port} after {pp.started_at - t0:.1f}s"
         )
         if pp.proc is not None:
-            pp.watcher = asyncio.create_task(self._watch_exit(pp, pp.proc))
+            watched = [pp.proc, *pp.sidecar_procs]
+            pp.watcher = asyncio.create_task(self._watch_exits(pp, watched))
         if pp.probed:  # only now: the pod turns Ready no earlier than its process serves
             prober = ReadinessProber(probe, lambda ready: self._report_ready(pp, container, ready))
             pp.prober = asyncio.create_task(self._probing(pp, prober), name=f"probe-{pp.pod}")
 
-    async def _watch_exit(self, pp: PodProcess, proc: asyncio.subprocess.Process) -> None:
+    async def _watch_exits(self, pp: PodProcess, procs: list[asyncio.subprocess.Process]) -> None:
         """A process that ends while its pod runs is an error the run must show (a kubelet
         would restart the container; the runner does not, it reports and takes it out)."""
-        code = await proc.wait()
+        waits = [asyncio.ensure_future(p.wait()) for p in procs]
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        code = next(iter(done)).result()
         if pp.deleted:
             return
         pp.exited = True
@@ -524,6 +588,90 @@ class PodRunner:
         pp.backend = Backend(pp.pod, pp.ip, int(info["port"]))
         await _wait_serving(pp.backend, self.start_timeout)
 
+    async def _launch_with_sidecars(
+        self, pp: PodProcess, pod: Pod, sidecars: list[dict[str, Any]]
+    ) -> None:
+        """The kubelet's order: every native sidecar started, then the main container; the pod
+        serves once its sidecar's readiness (``/readyz``, which also needs the server behind
+        it) passes. The sidecar's ``/readyz`` names its process epoch."""
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
+        log = (self.workdir / f"{pp.pod}.log").open("ab")
+        try:
+            for sidecar in sidecars:
+                env = await container_env(pod, sidecar, self._secret, self._config_map)
+                argv = in_pod_network(container_argv(sidecar, env, self.executables), pp.ip)
+                pp.env_epoch = pp.env_epoch or env.get("MCP_EPOCH", "")
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env={**inherited, **env},
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=log,
+                    start_new_session=True,
+                )
+                pp.sidecar_procs.append(proc)
+                pp.alive = pp.sidecar_procs[0]  # the pod's IP is held until its last exit
+            main = (pod.get("spec") or {}).get("containers", [{}])[0]
+            env = await container_env(pod, main, self._secret, self._config_map)
+            argv = in_pod_network(container_argv(main, env, self.executables), pp.ip)
+            pp.proc = await asyncio.create_subprocess_exec(
+                *argv,
+                env={**inherited, **env},
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        port = int(sidecars[0]["ports"][0]["containerPort"])
+        pp.backend = Backend(pp.pod, pp.ip, port)
+        pp.process_epoch = await _ready_epoch(pp.backend, self.start_timeout)
+
+    async def _prestop_get(self, pp: PodProcess, deadline: float) -> None:
+        """The preStop ``httpGet`` hook: the request, waited for until it is answered or the
+        grace period ends (a failed hook is logged, as the kubelet records an event)."""
+        get = pp.prestop_get or {}
+        host = str(get.get("host") or pp.ip)
+        url = f"http://{host}:{get['port']}{get.get('path') or '/'}"
+        headers = [(str(h["name"]), str(h["value"])) for h in get.get("httpHeaders") or []]
+        try:
+            async with httpx.AsyncClient(timeout=max(deadline - time.monotonic(), 0.1)) as http:
+                answer = await http.get(url, headers=headers)
+            if answer.status_code >= 400:
+                self.log(f"  pod {pp.pod}: preStop hook answered {answer.status_code}")
+        except httpx.HTTPError as exc:
+            self.log(f"  pod {pp.pod}: preStop hook failed: {exc!r}")
+
+    async def _terminate_with_sidecars(self, pp: PodProcess) -> None:
+        """preStop of the main container to its end, SIGTERM to it and its exit, then SIGTERM
+        to the sidecars in reverse order; SIGKILL past the grace period (see the module)."""
+        began = time.monotonic()
+        deadline = began + pp.grace
+        main, pp.proc = pp.proc, None
+        hooked = False
+        if main is not None and main.returncode is None:
+            if pp.prestop_get is not None:
+                await self._prestop_get(pp, deadline)
+                hooked = True
+            elif pp.prestop:
+                await asyncio.sleep(min(pp.prestop, pp.grace))
+                hooked = True
+            pp.hook_done_at = time.monotonic()
+            await _stop(main, max(deadline - time.monotonic(), 2.0 if hooked else 0.1))
+        pp.main_exited_at = time.monotonic()
+        for proc in reversed(pp.sidecar_procs):
+            if proc.returncode is None:
+                await _stop(proc, max(deadline - time.monotonic(), 2.0))
+        pp.sidecars_exited_at = time.monotonic()
+        self._leave_rotation(pp)
+        if pp.sidecar_procs and pp.sidecar_procs[0].stdout is not None:
+            out = await pp.sidecar_procs[0].stdout.read()
+            pp.drain = drain_report(out.decode(errors="replace"))
+        pp.alive = None
+        await self._release(pp)
+        self._changed.set()
+
     def _gone(self, pp: PodProcess) -> None:
         """The pod is being deleted: stop its process as a kubelet does. The balancer is not
         told here: the EndpointSlice controller decides that, concurrently."""
@@ -551,6 +699,9 @@ class PodRunner:
     async def _terminate(self, pp: PodProcess) -> None:
         """preStop, SIGTERM, then SIGKILL when the grace period (counted from the deletion,
         preStop included, and at least 2 s after SIGTERM, as the kubelet grants) is over."""
+        if pp.sidecar_procs:
+            await self._terminate_with_sidecars(pp)
+            return
         began = time.monotonic()
         if pp.proc is not None and pp.proc.returncode is None and pp.prestop:
             await asyncio.sleep(min(pp.prestop, pp.grace))  # the hook's own sleep action
@@ -599,7 +750,13 @@ class PodRunner:
             pod = await api.find(api.core.read_namespaced_pod, pp.pod, self.namespace)
             if pod is None or pod["metadata"]["uid"] != pp.uid:
                 return False  # gone, or a new pod of the same name
-            pod["status"] = with_readiness(pod.get("status") or {}, str(container["name"]), ready)
+            pod["status"] = with_readiness(
+                pod.get("status") or {},
+                str(container["name"]),
+                ready,
+                sidecars=pp.sidecars,
+                probeless=(pp.main,) if pp.sidecars else (),
+            )
             try:
                 await api.json(api.core.replace_namespaced_pod_status, pp.pod, self.namespace, pod)
             except AsyncApiException as exc:
@@ -712,3 +869,30 @@ class PodRunner:
                 self._leave_rotation(pp)  # the controller took it out: so does the balancer
                 self.log(f"  pod {pp.pod} endpoint not ready -> out of the balancer")
                 self._changed.set()
+
+
+async def _stop(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """SIGTERM, and SIGKILL once ``grace`` seconds have passed."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+async def _ready_epoch(backend: Backend, within: float) -> str:
+    """Wait until ``/readyz`` answers 200; the process epoch it names."""
+    url = f"http://{backend.host}:{backend.port}/readyz"
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        while True:  # polling a condition the process reaches by itself
+            with contextlib.suppress(httpx.HTTPError):
+                answer = await http.get(url)
+                if answer.status_code == 200:
+                    return str(answer.json().get("epoch") or "")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pod {backend.name}: the sidecar never became ready")
+            await asyncio.sleep(0.05)

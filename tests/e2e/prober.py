@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,16 +122,44 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def with_readiness(status: Mapping[str, Any], container: str, ready: bool) -> dict[str, Any]:
+def with_readiness(
+    status: Mapping[str, Any],
+    container: str,
+    ready: bool,
+    *,
+    sidecars: Sequence[str] = (),
+    probeless: Sequence[str] = (),
+) -> dict[str, Any]:
     """``status`` with ``container`` ready or not, and the pod's ``ContainersReady`` and
-    ``Ready`` following from all its containers (a transition time only where one changes)."""
+    ``Ready`` following from all its containers (a transition time only where one changes).
+
+    ``sidecars``: the pod's native sidecars (init containers with ``restartPolicy: Always``),
+    whose status the kubelet keeps in ``initContainerStatuses`` and counts for the pod's
+    readiness (kwok writes none: it is added, started). ``probeless``: containers without a
+    readiness probe, which the kubelet counts ready once started."""
     out = dict(status)
     statuses = [dict(c) for c in status.get("containerStatuses") or []]
     for c in statuses:
         if c.get("name") == container:
             c["ready"] = ready
+        elif c.get("name") in probeless:
+            c["ready"] = True
     out["containerStatuses"] = statuses
-    every = bool(statuses) and all(c.get("ready") for c in statuses)
+    inits = [dict(c) for c in status.get("initContainerStatuses") or []]
+    for name in sidecars:
+        if not any(c.get("name") == name for c in inits):
+            running = {"running": {"startedAt": _now()}}
+            inits.append({"name": name, "ready": False, "started": True, "state": running})
+    for c in inits:
+        if c.get("name") == container:
+            c["ready"] = ready
+    if inits:
+        out["initContainerStatuses"] = inits
+    every = (
+        bool(statuses)
+        and all(c.get("ready") for c in statuses)
+        and all(c.get("ready") for c in inits if c.get("name") in sidecars)
+    )
     value = "True" if every else "False"
     conditions = [dict(c) for c in status.get("conditions") or []]
     for kind in ("ContainersReady", "Ready"):

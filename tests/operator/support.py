@@ -96,6 +96,8 @@ class OperatorProcess:
             "--register-webhook",
             "--replica-token-secret",
             "replica-token",
+            "--sidecar-image",  # never pulled: the pod runner runs the sidecar's command
+            "registry.invalid/mcp-epoch:local",
             "--resync-interval",
             str(self.resync_interval),
             "--metrics-port",

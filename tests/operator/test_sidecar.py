@@ -140,6 +140,8 @@ def test_an_mcpserver_with_the_sidecar_data_plane_marks_its_pods_for_it() -> Non
             "image": "node:22",
             "port": 8080,
             "dataPlane": {"mode": "sidecar", "upstreamPort": 3000},
+            "epochService": {"tokenSecretRef": {"name": "weather-token", "key": "token"}},
+            "drain": {"seconds": 12},
         },
     }
     deployment = build_deployment(mcps, DEFAULTS)
@@ -158,4 +160,9 @@ def test_an_mcpserver_with_the_sidecar_data_plane_marks_its_pods_for_it() -> Non
         "weather",
         DEFAULTS,
     )
-    assert out["spec"]["initContainers"][0]["name"] == SIDECAR_CONTAINER
+    side = out["spec"]["initContainers"][0]
+    assert side["name"] == SIDECAR_CONTAINER
+    # The server's mcp-epoch settings are the sidecar's: its token Secret and its drain.
+    env = {e["name"]: e for e in side["env"]}
+    assert env["MCP_EPOCH_SERVICE_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "weather-token"
+    assert env["MCP_EPOCH_DRAIN_SECONDS"]["value"] == "12"

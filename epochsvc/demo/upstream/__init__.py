@@ -50,8 +50,9 @@ def install() -> Path:
     return home
 
 
-def command(name: str, *, port: int = 0, store: str = "none") -> list[str]:
-    """The command line of one server process (it prints ``{"port", "pid", "name"}``)."""
+def command(name: str, *, port: int = 0, store: str = "none", standalone: bool = True) -> list[str]:
+    """The command line of one server process (it prints ``{"port", "pid", "name"}``);
+    ``standalone=False``: it answers a GET without a cursor 405 (no standalone stream)."""
     home = install()
     return [
         "node",
@@ -62,4 +63,6 @@ def command(name: str, *, port: int = 0, store: str = "none") -> list[str]:
         name,
         "--store",
         store,
+        "--standalone",
+        "on" if standalone else "off",
     ]

@@ -4,11 +4,14 @@
 // front of, in the demo's `sidecar` fleet and in the sidecar's tests.
 //
 //   node server.mjs --port 0 --name r1 [--store none|example] [--host 127.0.0.1]
+//                   [--standalone on|off]
 //
 // prints one JSON line ({"port", "pid", "name"}) once it listens. Its tool `work` streams
 // `steps` progress notifications, asks the client every `ask_every` steps (an elicitation),
 // and with the example store closes its stream every `close_every` steps (SEP-1699 polling).
-// Every message carries the demo's ground-truth token `uid|call|kind|n|name`.
+// Every message carries the demo's ground-truth token `uid|call|kind|n|name`. With
+// --standalone off it offers no standalone GET stream (405, as the spec lets a server say),
+// as the demo's Python replicas do: they send nothing unsolicited.
 import http from "node:http";
 import { randomUUID } from "node:crypto";
 import { parseArgs } from "node:util";
@@ -24,6 +27,7 @@ const { values: opts } = parseArgs({
     host: { type: "string", default: "127.0.0.1" },
     name: { type: "string", default: "ts" },
     store: { type: "string", default: "none" },
+    standalone: { type: "string", default: "on" },
   },
 });
 const NAME = opts.name;
@@ -118,6 +122,10 @@ const httpServer = http.createServer(async (req, res) => {
     return;
   }
   try {
+    if (req.method === "GET" && opts.standalone === "off" && !req.headers["last-event-id"]) {
+      res.writeHead(405, { allow: "POST, DELETE" }).end();
+      return;
+    }
     const sessionId = req.headers["mcp-session-id"];
     if (sessionId) {
       const transport = transports.get(sessionId);
