@@ -1,6 +1,6 @@
 """`python -m bench [NAME] [options]`: one benchmark by name, or all of them.
 
-Names: service, replica, forward, longpoll, guard, propagation, webhook. Options go to each
+Names: service, replica, forward, longpoll, guard, propagation, webhook, proxy. Options go to each
 benchmark; ``--quick`` (which every one takes) runs them small, for a quick look.
 """
 
@@ -17,6 +17,7 @@ BENCHES = {
     "guard": "bench.guard_bench",
     "propagation": "bench.propagation_bench",
     "webhook": "bench.webhook_bench",
+    "proxy": "bench.proxy_bench",
 }
 
 

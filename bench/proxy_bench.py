@@ -1,0 +1,182 @@
+"""The sidecar's cost: the TypeScript SDK server reached directly vs through ``mcp-epoch proxy``.
+
+    python -m bench proxy [--requests 2000] [--events 20000] [--streams 1000]
+
+One TypeScript SDK server (no event store; :mod:`epochsvc.demo.upstream`) on loopback, and the
+sidecar in front of it, both real processes. Measured in one run, against the same upstream
+reached directly:
+
+* latency of a ``ping`` on a session, direct and through the sidecar, alternating, p50 and p99,
+  and the difference (target: <= 0.5 ms added at p50);
+* streaming throughput of one call of ``--events`` progress notifications (target: >= 0.9x
+  direct), and the sidecar's CPU per event;
+* the sidecar's resident memory idle, and per 1,000 streams held open (calls in flight).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.stats import cpu_seconds, pct
+from tests.sidecar.test_interop import Session
+from tests.sidecar.upstreams import Proc, Sidecar, start_sidecar, start_upstream
+
+TARGET_ADDED_P50_MS = 0.5
+TARGET_STREAM_RATIO = 0.9
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _ping(http: httpx.Client, s: Session) -> float:
+    t0 = time.perf_counter()
+    r = http.post(s.url, json={"jsonrpc": "2.0", "id": 7, "method": "ping"}, headers=s.headers())
+    took = time.perf_counter() - t0
+    r.raise_for_status()
+    return took
+
+
+def _stream(http: httpx.Client, s: Session, events: int) -> float:
+    rid = s.next_id
+    s.next_id += 1
+    params = {
+        "name": "work",
+        "arguments": {"uid": "b", "call": f"c{rid}", "steps": events, "interval": 0},
+        "_meta": {"progressToken": f"p{rid}"},
+    }
+    body = {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+    seen = 0
+    t0 = time.perf_counter()
+    with http.stream("POST", s.url, json=body, headers=s.headers()) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and "notifications/progress" in line:
+                seen += 1
+    rate = events / (time.perf_counter() - t0)
+    assert seen == events, (seen, events)
+    return rate
+
+
+async def _hold_streams(sidecar: Sidecar, streams: int) -> float:
+    """RSS of the sidecar with ``streams`` calls in flight through it (each a stream)."""
+    limits = httpx.Limits(max_connections=streams + 10)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "bench", "version": "0"},
+            },
+        }
+        headers = {
+            "accept": "application/json, text/event-stream",
+            "content-type": "application/json",
+        }
+        r = await http.post(sidecar.url, json=init, headers=headers)
+        headers = {**headers, "mcp-session-id": r.headers["mcp-session-id"]}
+        headers["mcp-protocol-version"] = "2025-11-25"
+        await http.post(
+            sidecar.url,
+            json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+            headers=headers,
+        )
+        opened = asyncio.Event()
+        count = 0
+        release = asyncio.Event()
+
+        async def one(i: int) -> None:
+            nonlocal count
+            params = {
+                "name": "work",
+                "arguments": {"uid": "h", "call": f"h{i}", "steps": 2, "interval": 30},
+                "_meta": {"progressToken": f"h{i}"},
+            }
+            body = {"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call", "params": params}
+            async with http.stream("POST", sidecar.url, json=body, headers=headers) as resp:
+                async for line in resp.aiter_lines():
+                    if "notifications/progress" in line:
+                        count += 1
+                        if count == streams:
+                            opened.set()
+                        await release.wait()
+                        return
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(streams)]
+        await asyncio.wait_for(opened.wait(), 120)
+        rss = _rss_mib(sidecar.proc.pid)
+        release.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return rss
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench proxy")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--events", type=int, default=20000)
+    ap.add_argument("--streams", type=int, default=1000)
+    ap.add_argument("--quick", action="store_true", help="300 requests, 3,000 events, 200 streams")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.requests, args.events, args.streams = 300, 3000, 200
+    up: Proc = start_upstream("ts")
+    sidecar = start_sidecar(up.port)
+    try:
+        idle = _rss_mib(sidecar.proc.pid)
+        with httpx.Client(timeout=60.0) as http:
+            direct = Session(f"http://127.0.0.1:{up.port}/mcp", http).initialize()
+            through = Session(sidecar.url, http).initialize()
+            for _ in range(200):  # warm both paths
+                _ping(http, direct), _ping(http, through)
+            lat_d: list[float] = []
+            lat_s: list[float] = []
+            for _ in range(args.requests):  # alternating: both paths see the same machine
+                lat_d.append(_ping(http, direct))
+                lat_s.append(_ping(http, through))
+            d50, s50 = pct(lat_d, 50) * 1e3, pct(lat_s, 50) * 1e3
+            d99, s99 = pct(lat_d, 99) * 1e3, pct(lat_s, 99) * 1e3
+            added = s50 - d50
+            lat_met = added <= TARGET_ADDED_P50_MS
+            print(f"ping on a session, {args.requests} pairs of sequential requests")
+            print(f"  direct        p50 {d50:6.3f} ms  p99 {d99:6.3f} ms")
+            print(f"  through proxy p50 {s50:6.3f} ms  p99 {s99:6.3f} ms")
+            print(
+                f"  added by the sidecar: p50 {added:.3f} ms, p99 {s99 - d99:.3f} ms (target p50 "
+                f"<= {TARGET_ADDED_P50_MS:g} ms: {'met' if lat_met else 'MISSED'})"
+            )
+            _stream(http, direct, 500), _stream(http, through, 500)  # warm
+            rate_d = _stream(http, direct, args.events)
+            cpu0 = cpu_seconds(sidecar.proc.pid)
+            rate_s = _stream(http, through, args.events)
+            cpu_per_event = (cpu_seconds(sidecar.proc.pid) - cpu0) / args.events * 1e6
+            ratio = rate_s / rate_d
+            stream_met = ratio >= TARGET_STREAM_RATIO
+            print(f"one streamed call of {args.events} progress events")
+            print(f"  direct         {rate_d:10,.0f} events/s")
+            print(f"  through proxy  {rate_s:10,.0f} events/s")
+            print(
+                f"  ratio {ratio:.2f}x (target >= {TARGET_STREAM_RATIO:g}x: "
+                f"{'met' if stream_met else 'MISSED'}); sidecar CPU {cpu_per_event:.1f} us/event"
+            )
+        held = asyncio.run(_hold_streams(sidecar, args.streams))
+        per_k = (held - idle) / args.streams * 1000
+        print(
+            f"sidecar RSS: idle {idle:.1f} MiB; with {args.streams} streams open {held:.1f} MiB "
+            f"({per_k:.1f} MiB per 1,000 streams)"
+        )
+    finally:
+        sidecar.stop()
+        up.stop()
+    return 0 if lat_met and stream_met else 1
