@@ -50,19 +50,21 @@ def http() -> Iterator[httpx.Client]:
 
 
 class Session:
-    """One 2025-11-25 session spoken by hand, to the sidecar."""
+    """One session spoken by hand, to the sidecar (2025-11-25 unless told)."""
 
-    def __init__(self, url: str, http: httpx.Client) -> None:
+    def __init__(self, url: str, http: httpx.Client, protocol: str = PROTOCOL) -> None:
         self.url = url
         self.http = http
+        self.protocol = protocol
         self.id: str | None = None
         self.next_id = 1
+        self.raw: list[str] = []  # the last call's stream, line by line
 
     def headers(self, **extra: str) -> dict[str, str]:
         h = {
             "accept": "application/json, text/event-stream",
             "content-type": "application/json",
-            "mcp-protocol-version": PROTOCOL,
+            "mcp-protocol-version": self.protocol,
         }
         if self.id:
             h["mcp-session-id"] = self.id
@@ -78,7 +80,7 @@ class Session:
 
     def initialize(self) -> Session:
         params = {
-            "protocolVersion": PROTOCOL,
+            "protocolVersion": self.protocol,
             "capabilities": {"elicitation": {}},
             "clientInfo": {"name": "raw", "version": "0"},
         }
@@ -109,6 +111,7 @@ class Session:
                     seen += 1
                     if drop_after and seen >= drop_after:
                         break
+        self.raw = lines
         return parse_sse(lines)
 
     def resume(self, cursor: str) -> tuple[httpx.Response, list[Sse]]:
@@ -158,6 +161,23 @@ def test_a_dropped_stream_resumes_exactly_from_the_sidecars_buffer(
     token = Token.parse(result_text(rest))
     assert token is not None and token.kind == "done" and token.n == 12
     assert all(e.id and e.id.startswith(epoch + ":") for e in rest)
+
+
+def test_priming_only_for_clients_that_parse_it_and_retry_for_every_client(
+    fronted: tuple[Proc, Sidecar], http: httpx.Client
+) -> None:
+    """A 2025-11-25 client's stream opens with a priming event (an ID, empty data, the
+    sidecar's ``retry``); a 2025-06-18 client, which cannot parse an empty event, gets none,
+    and the ``retry`` rides on its first real event instead."""
+    _, sidecar = fronted
+    new = Session(sidecar.url, http).initialize()
+    new.work(2, 0.0)
+    assert new.raw[:3] == [new.raw[0], "retry: 100", "data: "], new.raw[:4]
+    assert new.raw[0].startswith("id: ")
+    old = Session(sidecar.url, http, "2025-06-18").initialize()
+    events = old.work(2, 0.0)
+    assert all(e.data for e in events)  # no empty event
+    assert "retry: 100" in old.raw[: old.raw.index("")]  # on the first event
 
 
 def test_a_cursor_of_another_process_is_rejected(
