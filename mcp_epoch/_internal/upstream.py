@@ -23,6 +23,7 @@ request may have run:
 from __future__ import annotations
 
 import asyncio
+import select
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Final, cast
@@ -55,16 +56,20 @@ def host_port(address: str) -> tuple[str, int]:
     return host.removeprefix("[").removesuffix("]"), int(port)
 
 
-def request_head(method: str, target: bytes, headers: Headers, length: int) -> bytes:
-    """The request line and headers, with the body's length and ``Connection: close``.
-    Raises :class:`Refused` for a field that would break the framing (the ASGI server
-    already refuses those; this keeps a hand-built scope from smuggling one)."""
+def request_head(
+    method: str, target: bytes, headers: Headers, length: int, *, keep: bool = False
+) -> bytes:
+    """The request line and headers, with the body's length and ``Connection: close`` (or
+    ``keep-alive``, for a :class:`Pool`'s connection). Raises :class:`Refused` for a field
+    that would break the framing (the ASGI server already refuses those; this keeps a
+    hand-built scope from smuggling one)."""
     lines = [b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), target)]
     for name, value in headers:
         if b"\r" in name or b"\n" in name or b"\r" in value or b"\n" in value or b":" in name:
             raise Refused(f"the request cannot be sent: a bad header {name!r}")
         lines.append(b"%s: %s\r\n" % (name, value))
-    lines.append(b"content-length: %d\r\nconnection: close\r\n\r\n" % length)
+    close = b"keep-alive" if keep else b"close"
+    lines.append(b"content-length: %d\r\nconnection: %s\r\n\r\n" % (length, close))
     return b"".join(lines)
 
 
@@ -88,6 +93,21 @@ class _Hop(asyncio.Protocol):
         self._framed = False  # a length or chunked framing: the close does not end the body
         self.complete = False
         self.error: Exception | None = None
+        self.closed = False  # the connection is gone
+        self.reusable = False  # the answer ended and the owner keeps the connection open
+
+    def renew(self, bodiless: bool) -> None:
+        """Ready for the next exchange on this (kept-alive) connection."""
+        self._bodiless = bodiless
+        self.status = 0
+        self.headers = []
+        self.head = self._loop.create_future()
+        self._chunks.clear()
+        self._pending = 0
+        self._framed = False
+        self.complete = False
+        self.error = None
+        self.reusable = False
 
     # -- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -96,6 +116,7 @@ class _Hop(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.complete:
+            self.reusable = False  # bytes nobody asked for: never reuse this connection
             return
         try:
             self._parser.feed_data(data)
@@ -107,6 +128,8 @@ class _Hop(asyncio.Protocol):
         return False  # the owner is done: close our end too
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.reusable = False
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         if self.complete or self.error is not None:
@@ -160,6 +183,7 @@ class _Hop(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self.status and not self.complete:  # not the end of an interim (1xx) answer
             self.complete = True
+            self.reusable = self._framed and self._parser.should_keep_alive()
             self._wake()
 
     # -- for Exchange ------------------------------------------------------------------------
@@ -215,6 +239,21 @@ class _Hop(asyncio.Protocol):
             assert self.error is not None
             raise self.error
 
+    @property
+    def buffered(self) -> bool:
+        """Body bytes (or the body's end) are here already: reading waits for nothing."""
+        return bool(self._chunks) or self.complete
+
+    def idle_and_open(self) -> bool:
+        """Nothing is waiting to be read on the kept-alive connection: no close from the
+        server that the event loop has not processed yet, and no stray bytes (readable is
+        either, and both rule the connection out)."""
+        sock = None if self._transport is None else self._transport.get_extra_info("socket")
+        if self.closed or sock is None or sock.fileno() < 0:
+            return False
+        readable, _, _ = select.select([sock.fileno()], [], [], 0)
+        return not readable
+
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
@@ -223,8 +262,10 @@ class _Hop(asyncio.Protocol):
 class Exchange:
     """An answer whose head has arrived; its body is read with :meth:`body`. Close it."""
 
-    def __init__(self, hop: _Hop) -> None:
+    def __init__(self, hop: _Hop, pool: Pool | None = None) -> None:
         self._hop = hop
+        self._pool = pool
+        self._closed = False
         self.status = hop.status
         #: As received: names lowercased, values untouched.
         self.headers = hop.headers
@@ -258,10 +299,65 @@ class Exchange:
                 break
         return out[:limit]
 
+    @property
+    def buffered(self) -> bool:
+        """More of the body, or its end, can be read without waiting."""
+        return self._hop.buffered
+
     def close(self) -> None:
         """Ends the connection; unread answer bytes make it a reset, which is what an owner
-        whose client left should see."""
-        self._hop.close()
+        whose client left should see. A :class:`Pool`'s connection whose answer was read to
+        its end goes back to the pool instead. Closing again does nothing: the connection may
+        be another exchange's by then."""
+        if self._closed:
+            return
+        self._closed = True
+        hop = self._hop
+        if self._pool is not None and hop.reusable and not hop._chunks and not hop.closed:
+            self._pool.give_back(hop)
+            return
+        hop.close()
+
+
+class Pool:
+    """Kept-alive connections to one address, for a relay whose peer is on the same pod.
+
+    A forward opens a connection per exchange (see the module's docstring): a peer pod may
+    close an idle pooled connection just as a request crosses it, and that request's fate is
+    then unknowable. The sidecar's upstream is the server beside it, and opening a connection
+    per request cost both sides more than the rest of the hop (``python -m bench proxy``). So a
+    connection whose answer was read to its end is kept, but only for :data:`IDLE_SECONDS`,
+    far below the idle timeouts HTTP servers keep connections for (5 s in Node.js and uvicorn),
+    and only while nothing is waiting to be read on it (a server's close the event loop has
+    not seen yet rules it out), so the server does not close one that is about to be reused.
+    Should it all the same, it resets the connection with the request unread
+    (:class:`Refused`), and the request is sent once more on a new connection: it did not run.
+    """
+
+    IDLE_SECONDS: Final = 1.0
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._idle: deque[tuple[float, _Hop]] = deque()
+
+    def take(self, loop: asyncio.AbstractEventLoop) -> _Hop | None:
+        now = loop.time()
+        while self._idle:
+            since, hop = self._idle.pop()  # the most recently used: the least likely to expire
+            if now - since < self.IDLE_SECONDS and hop.idle_and_open():
+                return hop
+            hop.close()
+        return None
+
+    def give_back(self, hop: _Hop) -> None:
+        now = hop._loop.time()
+        while self._idle and now - self._idle[0][0] >= self.IDLE_SECONDS:
+            self._idle.popleft()[1].close()
+        self._idle.append((now, hop))
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop()[1].close()
 
 
 async def exchange(
@@ -274,17 +370,26 @@ async def exchange(
     connect_timeout: float,
     write_timeout: float,
     local_host: str | None = None,
+    pool: Pool | None = None,
 ) -> Exchange:
     """Send one request with its whole ``body`` to ``address`` and wait for the answer's head.
 
     ``headers`` must hold neither framing nor hop-by-hop fields: ``Content-Length`` and
     ``Connection: close`` are set here. ``local_host``: the address to send from (a hand-on
-    is sent from the sender's own pod address, which the receiver checks). Raises
-    :class:`Refused` or :class:`Broken`.
+    is sent from the sender's own pod address, which the receiver checks). ``pool``: take a
+    kept-alive connection from it, and give the connection back once the answer was read
+    (see :class:`Pool`). Raises :class:`Refused` or :class:`Broken`.
     """
-    data = request_head(method, target, headers, len(body)) + body
-    host, port = host_port(address)
+    data = request_head(method, target, headers, len(body), keep=pool is not None) + body
     loop = asyncio.get_running_loop()
+    hop = None if pool is None else pool.take(loop)
+    if hop is not None:
+        hop.renew(method == "HEAD")
+        try:
+            return await _send(hop, data, write_timeout, pool)
+        except Refused:
+            pass  # the server closed it as the request arrived, unread: send it once more
+    host, port = host_port(address)
     try:
         async with asyncio.timeout(connect_timeout):
             _, hop = await loop.create_connection(
@@ -295,6 +400,11 @@ async def exchange(
             )
     except (OSError, TimeoutError) as exc:
         raise Refused(f"no connection: {exc!r}") from None
+    return await _send(hop, data, write_timeout, pool)
+
+
+async def _send(hop: _Hop, data: bytes, write_timeout: float, pool: Pool | None) -> Exchange:
+    """Write the request on ``hop`` and wait for the answer's head."""
     try:
         hop.send(data)
         if hop.write_paused:
@@ -307,4 +417,4 @@ async def exchange(
     except BaseException:
         hop.close()
         raise
-    return Exchange(hop)
+    return Exchange(hop, pool)

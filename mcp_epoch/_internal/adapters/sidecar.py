@@ -89,6 +89,8 @@ MAX_RESUME_WAIT_MS: Final = 5000
 MAX_IDLE_RESUMES: Final = 3
 _SSE: Final = b"text/event-stream"
 _DROPPED: Final = HOP_BY_HOP | {b"content-length", b"host", LAST_EVENT_ID_HEADER, b"expect"}
+#: Answer headers the ASGI server writes itself (one ``Date`` is enough).
+_OWN: Final = HOP_BY_HOP | {b"date"}
 
 
 class _Standalone:
@@ -125,6 +127,7 @@ class UpstreamRelay:
         self.address = address
         self.retry_ms = retry_ms
         self._registry = sessions
+        self._pool = upstream.Pool(address)  # the server beside us: connections kept alive
         self._connect_timeout = connect_timeout
         self._write_timeout = write_timeout
         #: The sessions the upstream holds for this relay, held strongly (the registry holds
@@ -226,6 +229,7 @@ class UpstreamRelay:
                 for standalone in self._held.values():
                     if standalone is not None:
                         standalone.stop()
+                self._pool.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -270,6 +274,7 @@ class UpstreamRelay:
                     body,
                     connect_timeout=self._connect_timeout,
                     write_timeout=self._write_timeout,
+                    pool=self._pool,
                 )
             except upstream.Refused as exc:
                 self._down(str(exc))
@@ -350,7 +355,7 @@ class UpstreamRelay:
 
     async def _relay_whole(self, answer: upstream.Exchange, receive: Receive, send: Send) -> None:
         try:
-            headers = [(k, v) for k, v in answer.headers if k not in HOP_BY_HOP]
+            headers = [(k, v) for k, v in answer.headers if k not in _OWN]
             await send({"type": "http.response.start", "status": answer.status, "headers": headers})
             ended = await stream_answer(answer, receive, send, self.address)
             if ended is Ended.COMPLETE:
@@ -394,14 +399,21 @@ class UpstreamRelay:
         stream's end. uvicorn drops what is sent after the client left, so reading goes on
         without it. An upstream that closes the stream on purpose before its answer (it gave
         event IDs: SEP-1699 polling) is resumed from its own last ID, as any client of it
-        would; a stream that breaks, or cannot be resumed, fails the calls left unanswered."""
+        would; a stream that breaks, or cannot be resumed, fails the calls left unanswered.
+
+        What is ready is written at once, and only then: the bytes of events that arrived
+        together go out in one write, and a stream that ended with them ends in that write
+        (a short call's answer is two writes, its head and its body, not one per event)."""
         await send({"type": "http.response.start", "status": 200, "headers": _sse_head(answer)})
         retry: int | None = self.retry_ms
+        out = bytearray()
         if revision >= PRIMING_SINCE:
             event_id = await self.store.store_event(stream_id, None)
-            primer = b"id: %s\nretry: %d\ndata: \n\n" % (event_id.encode(), self.retry_ms)
-            await send({"type": "http.response.body", "body": primer, "more_body": True})
+            out += b"id: %s\nretry: %d\ndata: \n\n" % (event_id.encode(), self.retry_ms)
             retry = None
+            if not answer.buffered:  # the client has a cursor before the first event
+                await send({"type": "http.response.body", "body": bytes(out), "more_body": True})
+                out.clear()
         open_calls = dict(calls)
         why = "the MCP server ended the stream before it answered"
         cursor: str | None = None  # the upstream's own, never a client's
@@ -413,7 +425,6 @@ class UpstreamRelay:
             delivered = False
             try:
                 async for chunk in current.body():
-                    out = bytearray()
                     for event in parser.feed(chunk):
                         if event.retry is not None:
                             wait_ms = event.retry
@@ -426,8 +437,9 @@ class UpstreamRelay:
                         retry = None
                         if isinstance(message, JSONRPCResponse | JSONRPCError):
                             open_calls.pop(str(message.id), None)
-                    if out:
+                    if out and not current.buffered:  # nothing more to read now: write
                         body = bytes(out)
+                        out.clear()
                         await send({"type": "http.response.body", "body": body, "more_body": True})
             except (upstream.Broken, sse.EventTooLarge) as exc:
                 why = f"the MCP server's stream broke before it answered: {exc}"
@@ -441,8 +453,8 @@ class UpstreamRelay:
             await anyio.sleep(min(wait_ms, MAX_RESUME_WAIT_MS) / 1000)
             current = await self._resume_upstream(scope, cursor)
         if open_calls:
-            await self._fail_calls(send, stream_id, open_calls, why)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            out += await self._fail_calls(stream_id, open_calls, why)
+        await send({"type": "http.response.body", "body": bytes(out), "more_body": False})
 
     async def _resume_upstream(self, scope: Scope, cursor: str) -> upstream.Exchange | None:
         """The upstream's stream again from its own ``cursor``, on the session's current ID;
@@ -464,6 +476,7 @@ class UpstreamRelay:
                 b"",
                 connect_timeout=self._connect_timeout,
                 write_timeout=self._write_timeout,
+                pool=self._pool,
             )
         except (upstream.Refused, upstream.Broken) as exc:
             log.warning("the MCP server's stream could not be resumed: %s", exc)
@@ -474,10 +487,9 @@ class UpstreamRelay:
         answer.close()
         return None
 
-    async def _fail_calls(
-        self, send: Send, stream_id: str, calls: dict[str, str | int], why: str
-    ) -> None:
-        """File an error as the last event of each call the upstream left unanswered."""
+    async def _fail_calls(self, stream_id: str, calls: dict[str, str | int], why: str) -> bytes:
+        """File an error as the last event of each call the upstream left unanswered; their
+        bytes on the wire."""
         self.lost_calls += len(calls)
         log.warning("%s: failing %d calls (%s)", why, len(calls), ", ".join(calls))
         out = bytearray()
@@ -492,7 +504,7 @@ class UpstreamRelay:
             )
             event_id = await self.store.store_event(stream_id, error)
             out += sse.encode(event_id, self.store.message_json(error))
-        await send({"type": "http.response.body", "body": bytes(out), "more_body": True})
+        return bytes(out)
 
     async def _delete(
         self, scope: Scope, receive: Receive, send: Send, tag: SessionTag | None
@@ -653,7 +665,7 @@ def _is_sse(answer: upstream.Exchange) -> bool:
 
 def _sse_head(answer: upstream.Exchange) -> list[tuple[bytes, bytes]]:
     """The upstream's head for a stream whose bytes this relay writes anew."""
-    return [(k, v) for k, v in answer.headers if k not in HOP_BY_HOP and k != b"content-length"]
+    return [(k, v) for k, v in answer.headers if k not in _OWN and k != b"content-length"]
 
 
 def _message(event: sse.Event) -> Any:
