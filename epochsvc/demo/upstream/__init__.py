@@ -17,7 +17,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path.home() / ".cache" / "mcp-epoch"
-_FILES = ("package.json", "package-lock.json", "server.mjs")
 
 
 class NodeMissing(RuntimeError):
@@ -44,17 +43,20 @@ def node_and_npm() -> tuple[str, list[str]]:
     return node_path, [npm_path]
 
 
-def install() -> Path:
-    """The directory holding ``server.mjs`` and its ``node_modules`` (installed if needed)."""
+def npm_project(source: Path, scripts: tuple[str, ...], name: str) -> Path:
+    """A copy of the npm project in ``source`` with its ``node_modules`` installed from its lock
+    (``npm ci``, once per lock: the cache key is the hash of ``package.json`` and the lock),
+    and ``scripts`` copied beside them. The demo's server, and the tests' conformance server,
+    are each one."""
     node, npm = node_and_npm()
     digest = hashlib.sha256()
-    for name in ("package.json", "package-lock.json"):
-        digest.update((HERE / name).read_bytes())
-    home = CACHE / "upstream" / f"ts-{digest.hexdigest()[:12]}"
-    if not (home / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+    for file in ("package.json", "package-lock.json"):
+        digest.update((source / file).read_bytes())
+    home = CACHE / name / digest.hexdigest()[:12]
+    if not (home / "node_modules").is_dir():
         home.mkdir(parents=True, exist_ok=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(HERE / name, home / name)
+        for file in ("package.json", "package-lock.json"):
+            shutil.copy(source / file, home / file)
         cmd = [*npm, "ci", "--no-audit", "--no-fund", "--cache", str(CACHE / "npm-cache")]
         # Install scripts that run ``node`` get the same one.
         path = f"{Path(node).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -63,12 +65,19 @@ def install() -> Path:
             cmd, cwd=home, env=env, capture_output=True, text=True, timeout=600, check=False
         )
         if done.returncode != 0:
+            shutil.rmtree(home / "node_modules", ignore_errors=True)
             raise NodeMissing(
                 f"npm ci failed in {home} ({done.returncode}); is the npm registry reachable?\n"
                 f"{done.stderr[-2000:]}"
             )
-    shutil.copy(HERE / "server.mjs", home / "server.mjs")
+    for script in scripts:
+        shutil.copy(source / script, home / script)
     return home
+
+
+def install() -> Path:
+    """The directory holding ``server.mjs`` and its ``node_modules`` (installed if needed)."""
+    return npm_project(HERE, ("server.mjs",), "upstream-ts")
 
 
 def command(name: str, *, port: int = 0, store: str = "none", standalone: bool = True) -> list[str]:
