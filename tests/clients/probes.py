@@ -48,11 +48,11 @@ def ts_probe() -> list[str]:
     return ["node", str(home / "probe.mjs")]
 
 
-def go_probe() -> list[str]:
-    """The probe built against the pinned ``github.com/modelcontextprotocol/go-sdk``."""
-    src = HERE / "go"
+def go_binary(src: Path, name: str) -> list[str]:
+    """The Go module in ``src`` built against its pinned modules, cached as ``name`` by the
+    hash of what pins it."""
     binary = (
-        CACHE / "clients" / f"go-probe-{_digest(src / 'go.mod', src / 'go.sum', src / 'main.go')}"
+        CACHE / "clients" / f"{name}-{_digest(*(src / f for f in ('go.mod', 'go.sum', 'main.go')))}"
     )
     if not binary.is_file():
         binary.parent.mkdir(parents=True, exist_ok=True)
@@ -64,3 +64,8 @@ def go_probe() -> list[str]:
         }
         _run(["go", "build", "-o", str(binary), "."], src, env)
     return [str(binary)]
+
+
+def go_probe() -> list[str]:
+    """The probe built against the pinned ``github.com/modelcontextprotocol/go-sdk``."""
+    return go_binary(HERE / "go", "go-probe")

@@ -711,15 +711,8 @@ class PodRunner:
             await self._release(pp)
             return
         if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
             left = max(pp.grace - (time.monotonic() - began), 2.0 if pp.prestop else 0.1)
-            try:
-                await asyncio.wait_for(proc.wait(), left)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
+            await _stop(proc, left)
         self._leave_rotation(pp)  # a stopped process is unreachable, endpoints or not
         if proc.stdout is not None:  # what the process said on its way out (its drain)
             pp.drain = drain_report((await proc.stdout.read()).decode(errors="replace"))

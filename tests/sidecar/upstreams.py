@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from epochsvc.demo import upstream as ts_upstream
-from tests.clients.probes import CACHE, _digest, _run
+from tests.clients.probes import go_binary
 from tests.support.ports import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -31,22 +31,7 @@ KINDS = ("ts", "ts-example-store", "go", "python")
 
 
 def go_server() -> list[str]:
-    src = HERE / "go_server"
-    binary = (
-        CACHE
-        / "upstream"
-        / f"goserver-{_digest(*(src / n for n in ('go.mod', 'go.sum', 'main.go')))}"
-    )
-    if not binary.is_file():
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        env = {
-            **os.environ,
-            "GOMODCACHE": str(CACHE / "go" / "mod"),
-            "GOCACHE": str(CACHE / "go" / "build"),
-            "GOFLAGS": "-mod=readonly",
-        }
-        _run(["go", "build", "-o", str(binary), "."], src, env)
-    return [str(binary)]
+    return go_binary(HERE / "go_server", "goserver")
 
 
 def upstream_command(kind: str, name: str, port: int = 0) -> list[str]:
