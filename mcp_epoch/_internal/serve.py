@@ -42,7 +42,6 @@ class DrainingServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
         self._drained: asyncio.Future[DrainResult] | None = None
-        epoch_app.drain_trigger = self.drain_now
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -55,6 +54,8 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if isinstance(self.epoch_app, EpochSafeApp):
+            self.epoch_app.drain_trigger = self.drain_now  # a drain request drains as we do
         if self.started and self.on_started is not None:
             self.on_started(self.epoch_app)
 
@@ -68,15 +69,19 @@ class DrainingServer(uvicorn.Server):
 
     def _begin_drain(self) -> None:
         if self._drain is None:
+            self._start_drain()  # in this callback: the drain is the next thing to run
             self._drain = asyncio.ensure_future(self._drain_then_exit())
+
+    def _start_drain(self) -> asyncio.Future[DrainResult]:
+        if self._drained is None:
+            drain = self.epoch_app.drain(stop_accepting=self._stop_accepting)
+            self._drained = asyncio.ensure_future(drain)
+        return self._drained
 
     async def drain_now(self) -> DrainResult:
         """Drain once (a drain request, or the exit signal): the calls in flight delivered,
         the sessions handed on, the listener closed. Later callers wait for the same drain."""
-        if self._drained is None:
-            drain = self.epoch_app.drain(stop_accepting=self._stop_accepting)
-            self._drained = asyncio.ensure_future(drain)
-        return await asyncio.shield(self._drained)
+        return await asyncio.shield(self._start_drain())
 
     async def _drain_then_exit(self) -> None:
         try:

@@ -237,6 +237,9 @@ def test_a_new_call_does_not_wait_for_a_call_that_may_never_end(
             next(line for line in gone.iter_lines() if "elicitation/create" in line)
         a.srv.proc.send_signal(signal.SIGTERM)  # drain deadline: the default 25 s
         began = time.monotonic()
+        ready = a.url.replace("/mcp", "/readyz")
+        while http.get(ready).status_code == 200:  # until the drain began (its own doing)
+            assert time.monotonic() - began < 5, "the replica never began to drain"
         refused, _ = s.post("tools/call", {"name": "epoch", "arguments": {}}, request_id=5)
         waited = time.monotonic() - began
         assert refused.status_code == 404 and refused.headers[REJECTED_HEADER] == "retired"
