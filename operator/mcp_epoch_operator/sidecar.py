@@ -44,6 +44,8 @@ from mcp_epoch_operator.resources import DEFAULT_PORT, PORT_NAME, READINESS_PERI
 #: The sidecar's command in the mcp-epoch image (its entrypoint, spelled out: a runtime that
 #: ignores entrypoints still runs the right program).
 COMMAND = ["mcp-epoch"]
+#: The mcp-epoch image's user and group (its Dockerfile's ``USER 10001:10001``).
+IMAGE_UID = 10001
 
 
 class SidecarRefusal(ValueError):
@@ -139,6 +141,10 @@ def sidecar_container(
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
+            # The image's own user (its USER is numeric too), stated so that runAsNonRoot is
+            # checkable whatever the pod's securityContext says.
+            "runAsUser": IMAGE_UID,
+            "runAsGroup": IMAGE_UID,
             "capabilities": {"drop": ["ALL"]},
         },
     }

@@ -59,8 +59,14 @@ def test_a_rolling_deploy_of_typescript_servers_behind_the_injected_sidecar(
         assert p.hook_done_at is not None and p.main_exited_at is not None, p.pod
         assert p.sidecars_exited_at is not None
         assert p.hook_done_at <= p.main_exited_at <= p.sidecars_exited_at, p.pod
-        # The sidecar drained before the server was signalled: nothing it held was cut.
-        assert p.drain and not p.drain["deadline"] and p.drain["abandoned"] == 0, p.drain
+        # The sidecar drained before the server was signalled. A drain ends clean, or at its
+        # deadline held by calls it names: as with the library, a call whose client left while
+        # its tool waits for an elicitation answer nobody will send never ends.
+        assert p.drain, p.pod
+        if p.drain["deadline"]:
+            assert p.drain["held_by"], p.drain
+        else:
+            assert p.drain["abandoned"] == 0, p.drain
     assert sum(p.drain["in_flight"] for p in replaced) > 0  # calls in flight finished
     assert sum(p.drain["handed"] for p in replaced) > 0  # sessions outlived their pods
 

@@ -16,6 +16,7 @@ import contextlib
 import copy
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +24,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mcp_epoch_operator.resources import ReplicaDefaults
+from mcp_epoch_operator.webhook import injected
 
+from mcp_epoch.contract import (
+    DATA_PLANE_ANNOTATION,
+    DRAIN_PATH,
+    DRAIN_TOKEN_HEADER,
+    ENV_DRAIN_TOKEN,
+    SERVED_BY_HEADER,
+    UPSTREAM_PORT_ANNOTATION,
+)
 from tests.charts.support import Helm, one
 from tests.e2e.podrunner import container_env
 from tests.image.kubelet import Pod, VolumeSources, prepare_volumes, run_args
@@ -208,3 +219,107 @@ def test_an_unwritable_ledger_is_one_clear_line(
     lines = output.splitlines()
     assert len(lines) == 1, output
     assert "/var/lib/mcp-epoch" in lines[0] and "Traceback" not in output, output
+
+
+def test_the_injected_sidecar_runs_from_the_image_in_front_of_a_server(
+    image: ImageRuntime, network: NodeNetwork, tmp_path: Path
+) -> None:
+    """The sidecar as the webhook injects it (its command, args and security context), run
+    from the image in a pod's network namespace beside an MCP server on the pod's loopback
+    (an unwrapped Python SDK server, started in that namespace as the main container). A client
+    outside the pod calls a tool through it; the pod's drain request drains it; SIGTERM ends
+    it with its drain report."""
+    address = network.take_address()
+    name = f"sidecar-{uuid.uuid4().hex[:8]}"
+    netns = network.attach(name, address)
+    pod = {
+        "metadata": {
+            "name": name,
+            "namespace": "tools",
+            "uid": str(uuid.uuid4()),
+            "labels": {"mcp.epochs.dev/server": "weather"},
+            "annotations": {
+                DATA_PLANE_ANNOTATION: "sidecar",
+                UPSTREAM_PORT_ANNOTATION: "3000",
+            },
+        },
+        "spec": {"containers": [{"name": "server", "image": "any", "command": ["server"]}]},
+        "status": {"podIP": address},
+    }
+    # No epoch service here: the sidecar runs on a fallback epoch, as a library replica would.
+    defaults = ReplicaDefaults("", token_audience=None, sidecar_image=image.image)
+    pod = injected(pod, "0123abcd-7", "weather", defaults)
+    sidecar = pod["spec"]["initContainers"][0]
+    server = [sys.executable, "-m", "tests.sidecar.py_server", "--port", "3000"]
+    upstream = subprocess.Popen(
+        ["ip", "netns", "exec", Path(netns).name, *server],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert upstream.stdout is not None and upstream.stdout.readline()  # it listens
+        env = asyncio.run(container_env(pod, sidecar, _none, _none))
+        args = run_args(
+            name=name,
+            image=image.image,
+            pod_spec=pod["spec"],
+            container=sidecar,
+            env=env,
+            volumes={},
+            netns=netns,
+        )
+        assert "--read-only" in args and "--cap-drop=ALL" in args
+        container = image.start(args)
+        base = f"http://{address}:8080"
+        deadline = time.monotonic() + 90
+        with httpx.Client(timeout=5) as http:
+            while True:  # polled as a readiness probe is
+                with contextlib.suppress(httpx.TransportError):
+                    if http.get(f"{base}/readyz").status_code == 200:
+                        break
+                assert container.proc.poll() is None, container.output()
+                assert time.monotonic() < deadline, container.output()
+                time.sleep(0.25)
+            headers = {
+                "accept": "application/json, text/event-stream",
+                "content-type": "application/json",
+            }
+            init = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": {"name": "smoke", "version": "0"},
+                },
+            }
+            r = http.post(f"{base}/mcp", json=init, headers=headers)
+            assert r.status_code == 200, r.text
+            epoch = r.headers[SERVED_BY_HEADER]
+            headers["mcp-session-id"] = r.headers["mcp-session-id"]
+            headers["mcp-protocol-version"] = "2025-11-25"
+            assert epoch in headers["mcp-session-id"]
+            http.post(
+                f"{base}/mcp",
+                json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                headers=headers,
+            )
+            call = {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "echo", "arguments": {"text": "from inside the pod"}},
+            }
+            r = http.post(f"{base}/mcp", json=call, headers=headers)
+            assert "from inside the pod" in r.text and f"id: {epoch}:" in r.text, r.text
+            token = env[ENV_DRAIN_TOKEN]
+            drained = http.get(f"{base}{DRAIN_PATH}", headers={DRAIN_TOKEN_HEADER: token}).json()
+            assert drained["abandoned"] == 0 and not drained["deadline"], drained
+        assert image.stop(name, grace=20) == 0, container.output()
+        assert '"drained"' in container.output()
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+        network.detach(name)
