@@ -9,6 +9,7 @@ development install (so ``make demo`` needs no system Node), else from the ``PAT
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -47,32 +48,51 @@ def npm_project(source: Path, scripts: tuple[str, ...], name: str) -> Path:
     """A copy of the npm project in ``source`` with its ``node_modules`` installed from its lock
     (``npm ci``, once per lock: the cache key is the hash of ``package.json`` and the lock),
     and ``scripts`` copied beside them. The demo's server, and the tests' conformance server,
-    are each one."""
+    are each one.
+
+    Replicas starting together each call this while the others' servers may already be
+    reading the copy, so the install runs under a file lock and a script is replaced whole
+    (written beside it, then renamed), never truncated under a running ``node``."""
     node, npm = node_and_npm()
     digest = hashlib.sha256()
     for file in ("package.json", "package-lock.json"):
         digest.update((source / file).read_bytes())
     home = CACHE / name / digest.hexdigest()[:12]
-    if not (home / "node_modules").is_dir():
-        home.mkdir(parents=True, exist_ok=True)
-        for file in ("package.json", "package-lock.json"):
-            shutil.copy(source / file, home / file)
-        cmd = [*npm, "ci", "--no-audit", "--no-fund", "--cache", str(CACHE / "npm-cache")]
-        # Install scripts that run ``node`` get the same one.
-        path = f"{Path(node).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        env = {**os.environ, "PATH": path}
-        done = subprocess.run(
-            cmd, cwd=home, env=env, capture_output=True, text=True, timeout=600, check=False
-        )
-        if done.returncode != 0:
-            shutil.rmtree(home / "node_modules", ignore_errors=True)
-            raise NodeMissing(
-                f"npm ci failed in {home} ({done.returncode}); is the npm registry reachable?\n"
-                f"{done.stderr[-2000:]}"
-            )
-    for script in scripts:
-        shutil.copy(source / script, home / script)
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (home / "node_modules").is_dir():
+            _npm_ci(source, home, node, npm)
+        for script in scripts:
+            _replace_if_changed(source / script, home / script)
     return home
+
+
+def _npm_ci(source: Path, home: Path, node: str, npm: list[str]) -> None:
+    for file in ("package.json", "package-lock.json"):
+        shutil.copy(source / file, home / file)
+    cmd = [*npm, "ci", "--no-audit", "--no-fund", "--cache", str(CACHE / "npm-cache")]
+    # Install scripts that run ``node`` get the same one.
+    path = f"{Path(node).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path}
+    done = subprocess.run(
+        cmd, cwd=home, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    if done.returncode != 0:
+        shutil.rmtree(home / "node_modules", ignore_errors=True)
+        raise NodeMissing(
+            f"npm ci failed in {home} ({done.returncode}); is the npm registry reachable?\n"
+            f"{done.stderr[-2000:]}"
+        )
+
+
+def _replace_if_changed(src: Path, dst: Path) -> None:
+    data = src.read_bytes()
+    if dst.is_file() and dst.read_bytes() == data:
+        return
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, dst)
 
 
 def install() -> Path:
