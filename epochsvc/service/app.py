@@ -11,10 +11,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from epochsvc.service.access import Access
 from epochsvc.service.auth import Authenticator, KubernetesAuth, Tokens
 from epochsvc.service.errors import install_error_handlers
+from epochsvc.service.held import HeldPolls
 from epochsvc.service.identity import SA_PREFIX, ApiServer, TokenReviewer
 from epochsvc.service.limits import BodyLimit
 from epochsvc.service.listings import RenderedLists
@@ -85,6 +87,14 @@ async def _sweep_forever(app: FastAPI) -> None:
             )
 
 
+class _Service(FastAPI):
+    def build_middleware_stack(self) -> ASGIApp:
+        """Outside the framework's own layers: every request's latency, and the long polls
+        held after the routes checked them (:mod:`.held`)."""
+        inner = HeldPolls(super().build_middleware_stack(), self.exception_handlers)
+        return ObserveLatency(inner, self.state.metrics)
+
+
 def create_app(
     settings: Settings | None = None,
     auth: Authenticator | None = None,
@@ -118,7 +128,7 @@ def create_app(
             if isinstance(auth, KubernetesAuth):
                 await auth.reviewer.close()
 
-    app = FastAPI(
+    app = _Service(
         title="mcp-epoch epoch service",
         version=__version__,
         description="Issues monotonic, never-reused epochs and knows which are live.",
@@ -134,6 +144,4 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     for module in (epochs, servers, request_state, health):
         app.include_router(module.router)
-
-    app.add_middleware(ObserveLatency, metrics=app.state.metrics)
     return app

@@ -7,12 +7,16 @@ waiters short and lets ``/healthz`` and every other request interleave.
 
 The revision is the ledger's (one consistent snapshot), so one revision is one content. The
 view is the caller's kind: pod UIDs are shown to the operator only.
+
+The read is shared too (:meth:`RenderedLists.after_change`): the waiters one notification woke
+take the answer of one read begun after that notification, instead of one read each.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from epochsvc.service.lifecycle import State
 
@@ -29,6 +33,12 @@ class RenderedLists:
             collections.OrderedDict()
         )
         self.rendered = 0  # how many times a list was actually built (tests, metrics)
+        # Per answer: the read serving waiters woken by a notification, and the notification
+        # count when it began (a read begun at count n sees every change up to n).
+        self._reads: collections.OrderedDict[ListKey, tuple[int, asyncio.Future[bytes]]] = (
+            collections.OrderedDict()
+        )
+        self.shared_reads = 0  # reads begun by after_change (tests)
 
     @staticmethod
     def key(
@@ -49,3 +59,20 @@ class RenderedLists:
         while len(self._entries) > self._max:
             self._entries.popitem(last=False)
         return body
+
+    async def after_change(
+        self, key: ListKey, woken_by: int, changes: int, read: Callable[[], Awaitable[bytes]]
+    ) -> bytes:
+        """The answer for a waiter that notification number ``woken_by`` woke, when the
+        notifier has counted ``changes``: the answer of a read begun at ``woken_by`` or later
+        if one exists (finished or not), else of a new ``read()`` that later waiters share."""
+        entry = self._reads.get(key)
+        if entry is None or entry[0] < woken_by:
+            entry = (changes, asyncio.ensure_future(read()))
+            self.shared_reads += 1
+            self._reads[key] = entry
+            self._reads.move_to_end(key)
+            while len(self._reads) > self._max:
+                self._reads.popitem(last=False)
+        # Shielded: a waiter whose request ends does not cancel the others' read.
+        return await asyncio.shield(entry[1])

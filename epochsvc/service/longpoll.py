@@ -31,35 +31,36 @@ Key = tuple[str, str]
 WAKE_BATCH = 256
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
+def _resolve(future: asyncio.Future[int | None], change: int | None = None) -> None:
     if not future.done():
-        future.set_result(None)
+        future.set_result(change)
 
 
 class _Wake:
     """The waiters of one server for its next change; :meth:`fire` resumes them in batches."""
 
     def __init__(self) -> None:
-        self._waiters: dict[asyncio.Future[None], None] = {}  # in arrival order
+        self._waiters: dict[asyncio.Future[int | None], None] = {}  # in arrival order
 
-    def add(self) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def add(self) -> asyncio.Future[int | None]:
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         self._waiters[future] = None
         return future
 
-    def discard(self, future: asyncio.Future[None]) -> None:
+    def discard(self, future: asyncio.Future[int | None]) -> None:
         """A waiter left without being woken (its wait ended): forget it."""
         future.cancel()
         self._waiters.pop(future, None)
 
-    async def fire(self) -> None:
+    async def fire(self, change: int) -> None:
+        """Resume every waiter with the number of the change that woke it."""
         waiters = list(self._waiters)
         self._waiters.clear()
         for start in range(0, len(waiters), WAKE_BATCH):
             if start:
                 await asyncio.sleep(0)  # one loop turn: let sockets be read
             for future in waiters[start : start + WAKE_BATCH]:
-                _resolve(future)  # a waiter that left meanwhile has cancelled its own
+                _resolve(future, change)  # a waiter that left meanwhile cancelled its own
 
 
 class ChangeNotifier:
@@ -70,6 +71,9 @@ class ChangeNotifier:
         self._seen: dict[Key, int] = {}  # the catch-up's last reading, per server
         self.waiters = 0
         self.closed = False
+        #: Notifications so far. A read begun once this is ``n`` sees change ``n``: the
+        #: writes are committed before they are notified.
+        self.changes = 0
 
     def close(self) -> None:
         """The service is stopping: answer every long poll now, and later ones at once, so
@@ -81,11 +85,12 @@ class ChangeNotifier:
         """Wake the current waiters of ``servers`` (every waiter when None: a change whose
         servers are not known, such as a reload of the whole copy). Later waiters wait for
         the next change."""
+        self.changes += 1
         keys = list(self._events) if servers is None else servers
         for key in keys:
             wake = self._events.pop(key, None)
             if wake is not None:
-                task = asyncio.get_running_loop().create_task(wake.fire())
+                task = asyncio.get_running_loop().create_task(wake.fire(self.changes))
                 self._firing.add(task)
                 task.add_done_callback(self._firing.discard)
 
@@ -122,13 +127,19 @@ class ChangeNotifier:
         server: str,
         since: int,
         wait: float,
-    ) -> None:
-        """Return once a change newer than ``since`` exists for the server, or ``wait`` passes."""
+    ) -> int | None:
+        """Return once a change newer than ``since`` exists for the server, or ``wait`` passes.
+
+        Returns the number of the notification (:attr:`changes`) that woke it and found the
+        server changed; None when it found the change at once or its wait ran out. Every
+        waiter that one notification woke may share one read begun after it
+        (:meth:`RenderedLists.after_change`)."""
         key = (namespace, server)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         self.waiters += 1
         self._waiting[key] = self._waiting.get(key, 0) + 1
+        woken_by: int | None = None
         try:
             while True:
                 # Taken before the read: a change between the read and the wait still wakes.
@@ -140,16 +151,16 @@ class ChangeNotifier:
                     newest, ledger = await store.server_revision(namespace, server)
                     # since > ledger: the caller's copy came from another (replaced) ledger.
                     if newest > since or since > ledger or self.closed:
-                        return
+                        return woken_by
                     # A bare timer rather than asyncio.timeout(), whose context and
                     # cancellation bookkeeping every one of thousands of waiters would hold.
                     timer = loop.call_at(deadline, _resolve, woken)
                     try:
-                        await woken
+                        woken_by = await woken
                     finally:
                         timer.cancel()
-                    if loop.time() >= deadline:
-                        return  # the caller reads the list anyway: no last look needed
+                    if woken_by is None:
+                        return None  # the caller reads the list anyway: no last look needed
                 finally:
                     wake.discard(woken)  # a no-op once woken
         finally:

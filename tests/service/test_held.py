@@ -1,5 +1,6 @@
-"""``HeldResponse`` in a FastAPI app with the service's own error handlers: what a long poll
-holds while it waits, and what its client gets when the wait ends in an error."""
+"""``HeldResponse`` in a FastAPI app with the service's own error handlers, behind
+``HeldPolls`` as the service runs it and alone: what a long poll holds while it waits, and
+what its client gets when the wait ends in an error."""
 
 import asyncio
 import gc
@@ -8,9 +9,10 @@ import weakref
 import httpx
 import pytest
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from epochsvc.service.errors import install_error_handlers
-from epochsvc.service.held import HeldResponse
+from epochsvc.service.held import HeldPolls, HeldResponse
 from epochsvc.service.store.base import StoreUnavailable
 
 pytestmark = pytest.mark.anyio
@@ -20,11 +22,36 @@ class Solved:
     """Something a handler's frame holds (as its solved dependencies are held)."""
 
 
+class Framed:
+    """Something a middleware's frame holds (as each layer's send wrapper is held)."""
+
+
+class Layer:
+    """A pure ASGI middleware, as every one of the service's is."""
+
+    def __init__(self, app: ASGIApp, layers: list[weakref.ref[Framed]]) -> None:
+        self.app, self.layers = app, layers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        framed = Framed()
+        self.layers.append(weakref.ref(framed))
+
+        async def wrapped(message: Message) -> None:
+            assert framed is not None
+            await send(message)
+
+        await self.app(scope, receive, wrapped)
+
+
 def _app(
-    frames: list[weakref.ref[Solved]], waiting: asyncio.Event, release: asyncio.Event
+    frames: list[weakref.ref[Solved]],
+    layers: list[weakref.ref[Framed]],
+    waiting: asyncio.Event,
+    release: asyncio.Event,
 ) -> FastAPI:
     app = FastAPI()
     install_error_handlers(app)
+    app.add_middleware(Layer, layers=layers)
 
     @app.get("/held")
     async def held(fail: bool = False) -> HeldResponse:
@@ -43,30 +70,41 @@ def _app(
     return app
 
 
-async def _get(url: str) -> tuple[httpx.Response, bool]:
-    """The answer, and whether the handler's frame was still alive during the wait."""
+async def _get(url: str, front: bool = True) -> tuple[httpx.Response, bool, bool]:
+    """The answer, and whether the handler's frame, and a middleware's, were still alive
+    during the wait."""
     frames: list[weakref.ref[Solved]] = []
+    layers: list[weakref.ref[Framed]] = []
     waiting, release = asyncio.Event(), asyncio.Event()
-    transport = httpx.ASGITransport(app=_app(frames, waiting, release))
+    app = _app(frames, layers, waiting, release)
+    asgi = HeldPolls(app, app.exception_handlers) if front else app
+    transport = httpx.ASGITransport(app=asgi)
     async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
         request = asyncio.create_task(client.get(url))
         await asyncio.wait_for(waiting.wait(), 10)
         gc.collect()
-        alive = frames[0]() is not None
+        handler_alive, layer_alive = frames[0]() is not None, layers[0]() is not None
         release.set()
-        return await request, alive
+        return await request, handler_alive, layer_alive
 
 
-async def test_the_wait_holds_nothing_of_the_handler() -> None:
-    response, alive = await _get("/held")
-    assert not alive
+async def test_the_wait_holds_nothing_of_the_handler_nor_of_the_middleware() -> None:
+    response, handler_alive, layer_alive = await _get("/held")
+    assert not handler_alive and not layer_alive
     assert response.status_code == 200 and response.json() == {"held": True}
     assert response.headers["content-length"] == str(len(b'{"held":true}'))
     assert response.headers["content-type"] == "application/json"
 
 
-async def test_an_error_at_the_end_of_the_wait_is_the_apis_error_answer() -> None:
-    response, _ = await _get("/held?fail=true")
+@pytest.mark.parametrize("front", [True, False], ids=["held by the front", "alone"])
+async def test_an_error_at_the_end_of_the_wait_is_the_apis_error_answer(front: bool) -> None:
+    response, _, _ = await _get("/held?fail=true", front)
     assert response.status_code == 503
     assert response.json()["code"] == "store-unavailable"
     assert response.headers["retry-after"] == "1"
+
+
+async def test_without_the_front_it_waits_inside_the_middleware_as_any_response() -> None:
+    response, handler_alive, layer_alive = await _get("/held", front=False)
+    assert not handler_alive and layer_alive  # what the front is for
+    assert response.json() == {"held": True}

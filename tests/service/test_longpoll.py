@@ -27,7 +27,9 @@ async def _yield_to_waiters() -> None:
         await asyncio.sleep(0)
 
 
-def _waiter(notifier: ChangeNotifier, store: CountingStore, server: str) -> asyncio.Task[None]:
+def _waiter(
+    notifier: ChangeNotifier, store: CountingStore, server: str
+) -> asyncio.Task[int | None]:
     return asyncio.create_task(notifier.wait_for_change(store, "ns", server, 0, 60))  # type: ignore[arg-type]
 
 
@@ -46,7 +48,9 @@ def test_a_change_wakes_only_its_own_servers_waiters() -> None:
         assert not any(t.done() for t in a)
         store.revisions[("ns", "a")] = 2
         notifier.notify_server("ns", "a")
-        await asyncio.wait_for(asyncio.gather(*a), 5)
+        # Each says which notification woke it (2: b's was 1), for the read they share.
+        assert await asyncio.wait_for(asyncio.gather(*a), 5) == [2] * 50
+        assert b.result() == 1 and notifier.changes == 2
         assert notifier.waiters == 0 and not notifier._events  # nothing kept for idle servers
 
     asyncio.run(scenario())
@@ -55,7 +59,8 @@ def test_a_change_wakes_only_its_own_servers_waiters() -> None:
 def test_a_waiter_never_polls_until_its_wait_ends() -> None:
     async def scenario() -> int:
         store, notifier = CountingStore(), ChangeNotifier()
-        await notifier.wait_for_change(store, "ns", "a", 0, 0.3)  # type: ignore[arg-type]
+        # Its wait ran out: no notification woke it, so it shares no read.
+        assert await notifier.wait_for_change(store, "ns", "a", 0, 0.3) is None  # type: ignore[arg-type]
         return store.reads
 
     assert asyncio.run(scenario()) == 1

@@ -49,9 +49,10 @@ async def list_epochs(
     await rules.check_read(caller, namespace, server)
     filters = tuple(state or ())
 
+    key = lists.key(store.ledger_id, namespace, server, filters, caller.is_operator)
+
     async def listing() -> bytes:
         snapshot = await store.list_server(namespace, server, filters)
-        key = lists.key(store.ledger_id, namespace, server, filters, caller.is_operator)
 
         def render() -> bytes:
             body = EpochList(
@@ -67,8 +68,10 @@ async def list_epochs(
         held = min(wait, settings.max_wait_seconds)
 
         async def after_the_wait() -> bytes:
-            await notifier.wait_for_change(store, namespace, server, since, held)
-            return await listing()
+            woken_by = await notifier.wait_for_change(store, namespace, server, since, held)
+            if woken_by is None:
+                return await listing()
+            return await lists.after_change(key, woken_by, notifier.changes, listing)
 
         return HeldResponse(after_the_wait, media_type="application/json")
     return Response(await listing(), media_type="application/json")
