@@ -46,15 +46,14 @@ def commit_breakdown(before: dict[str, float], after: dict[str, float], dialect:
     if not commits:
         return "no group commit in the run"
     per = {k: (after[k] - before[k]) / commits for k in after if k != "commits"}
-    # Each statement is one round trip, and so is COMMIT. On PostgreSQL so are BEGIN and the
-    # pool's liveness ping at check-out, and the statements include the NOTIFY; on SQLite the
-    # BEGIN IMMEDIATE is one of the statements.
-    trips = per["commit_statements"] + (3 if dialect == "postgres" else 1)
+    # Round trips as the committer counts them: BEGIN, COMMIT and (PostgreSQL) the pool's ping
+    # included, several statements in one when pipelined; on SQLite each is a library call.
     return (
         f"{commits:.0f} commits: {per['commit_writes']:.1f} writes, "
         f"{per['commit_statements']:.1f} statements"
         + (" (1 of them the NOTIFY)" if dialect == "postgres" else "")
-        + f", {trips:.1f} round trips, {per['commit_seconds'] * 1000:.2f} ms of the writer each"
+        + f", {per['commit_round_trips']:.1f} round trips, "
+        f"{per['commit_seconds'] * 1000:.2f} ms of the writer each"
     )
 
 

@@ -58,7 +58,7 @@ class Metrics:
 
 class _CommitCounters(Collector):
     """The group committer's totals: divided by ``epochsvc_group_commits_total`` they say what
-    one commit carries and costs (writes, statements, seconds)."""
+    one commit carries and costs (writes, statements, round trips, seconds)."""
 
     def __init__(self) -> None:
         self.stats = CommitStats()  # the store's, handed over at each render
@@ -71,6 +71,11 @@ class _CommitCounters(Collector):
                 "commit_statements",
                 "Statements sent by group commits (a round trip each on PostgreSQL)",
                 self.stats.statements,
+            ),
+            (
+                "commit_round_trips",
+                "Round trips to the database by group commits (BEGIN, COMMIT and pings included)",
+                self.stats.round_trips,
             ),
             (
                 "commit_seconds",

@@ -61,12 +61,14 @@ class ServerSnapshot:
 @dataclass(slots=True)
 class CommitStats:
     """Where a group commit's time goes, summed since start (``/metrics``, ``bench service``):
-    per commit, the writes it carried, the statements it sent (on PostgreSQL each one round
-    trip, besides BEGIN and COMMIT), and the writer's time from BEGIN to the end of COMMIT."""
+    per commit, the writes it carried, the statements it sent, the round trips they took
+    (BEGIN, COMMIT and the pool's ping included; several statements share one in a pipeline),
+    and the writer's time from BEGIN to the end of COMMIT."""
 
     commits: int = 0
     writes: int = 0
     statements: int = 0
+    round_trips: int = 0
     seconds: float = 0.0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
 from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 
 from epochsvc.service.store.base import StoreUnavailable
@@ -27,8 +28,11 @@ def store_error(exc: BaseException) -> BaseException:
 
     ``PendingRollbackError`` is one of them: when the database dies inside a group commit,
     a statement after the failed one (the ``pg_notify``) finds the transaction invalid.
+    The driver's own ``OperationalError`` is one too: statements sent in a pipeline
+    (:mod:`.pipeline`) reach psycopg without SQLAlchemy's wrapping.
     """
-    if isinstance(exc, OperationalError | PendingRollbackError | OSError | ConnectionError) or (
+    lost = OperationalError | PendingRollbackError | psycopg.OperationalError
+    if isinstance(exc, lost | OSError | ConnectionError) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
     ):
         cause = getattr(exc, "orig", None) or exc

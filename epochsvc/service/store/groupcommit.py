@@ -34,6 +34,22 @@ Op = Callable[[Connection], Any]
 
 MAX_BATCH = 64
 
+#: The committer whose commit runs on this thread, and what its round trips covered.
+_active = threading.local()
+
+
+def tally(statements: int, *, begins: bool = False, commits: bool = False) -> None:
+    """Count ``statements`` sent in one round trip by the commit running on this thread (none:
+    a read). ``begins``/``commits``: the same trip carried the transaction's BEGIN/COMMIT,
+    which otherwise cost one each on PostgreSQL."""
+    committer: GroupCommitter | None = getattr(_active, "committer", None)
+    if committer is None:
+        return
+    committer.stats.statements += statements
+    committer.stats.round_trips += 1
+    _active.began = _active.began or begins
+    _active.committed = _active.committed or commits
+
 
 class NoChange(Exception):
     """Raised by an operation that turned out to be a legal no-op: its savepoint is rolled
@@ -61,14 +77,14 @@ class GroupCommitter:
         self._running = False
         self._drainer: asyncio.Task[None] | None = None
         self.stats = CommitStats()
-        # Statements are counted on the writer thread only: on PostgreSQL the readers and
-        # the follower share the engine.
-        self._committing = threading.local()
+        self._postgres = engine.dialect.name == "postgresql"
+        # Statements are counted on the writer thread only (tally): on PostgreSQL the readers
+        # and the follower share the engine.
         event.listen(engine, "before_cursor_execute", self._count_statement)
 
     def _count_statement(self, *_: Any) -> None:
-        if getattr(self._committing, "active", False):
-            self.stats.statements += 1
+        if getattr(_active, "committer", None) is self:
+            tally(1)
 
     async def submit(self, op: Callable[[Connection], T]) -> T:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
@@ -110,7 +126,7 @@ class GroupCommitter:
 
     def _commit(self, ops: list[Op]) -> list[tuple[bool, Any]]:
         began = time.perf_counter()
-        self._committing.active = True
+        _active.committer, _active.began, _active.committed = self, False, False
         units = _units(ops)
         try:
             if len(units) == 1:
@@ -124,8 +140,14 @@ class GroupCommitter:
                     self._before_commit(conn)
             return outcomes
         finally:
-            self._committing.active = False
             stats = self.stats
+            # What no statement carried: COMMIT, and on PostgreSQL the BEGIN psycopg sends
+            # before the first statement and the pool's liveness ping at check-out.
+            extra = 0 if _active.committed else 1
+            if self._postgres:
+                extra += 1 + (0 if _active.began else 1)
+            stats.round_trips += extra
+            _active.committer = None
             stats.commits += 1
             stats.writes += len(ops)
             stats.seconds += time.perf_counter() - began

@@ -10,6 +10,13 @@ transaction.
 
 A request UID already in the ledger (an admission request retried) gets its epoch back and
 spends nothing; the same UID twice in one batch is issued once.
+
+On PostgreSQL, where each statement is a network round trip, the lookup, the bump and the
+insert are one statement (:data:`ISSUE_SQL`), sent in one pipeline with the lock before it:
+the whole issue is one round trip, ``BEGIN`` included (:mod:`.pipeline`). The lock is its own
+statement, ahead of the other, because under READ COMMITTED a statement sees what was committed
+when it began: the lookup must begin after the lock is held to see another process's issue
+for the same request.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ from types import SimpleNamespace
 from sqlalchemy import Connection
 
 from epochsvc.service.lifecycle import State
-from epochsvc.service.store import queries
+from epochsvc.service.store import pipeline, queries
 from epochsvc.service.store.base import EpochRecord
+from epochsvc.service.store.schema import LEDGER_ROW
 
 #: An issue's answer: the epoch, and whether this request made it (False: issued before).
 Issued = tuple[EpochRecord, bool]
@@ -51,12 +59,28 @@ def issue_all(conn: Connection, requests: list[IssueRequest]) -> list[Issued]:
     if not requests:
         return []
     ledger8 = requests[0].ledger8
-    # The lock first, so the lookup also sees what another service process committed a
-    # moment ago; it spends no revision, so a batch of retries changes nothing.
-    queries.lock_writers(conn)
     first_of: dict[str, IssueRequest] = {}
     for r in requests:
         first_of.setdefault(r.request_uid, r)
+    if conn.dialect.name == "postgresql":
+        found, made = _issue_pipelined(conn, list(first_of.values()), ledger8)
+    else:
+        found, made = _issue_statements(conn, first_of, ledger8)
+    records = {**found, **made}
+    # Made by this request only if it is the first of its UID in the batch: a twin is a retry.
+    return [
+        (records[r.request_uid], r.request_uid in made and first_of[r.request_uid] is r)
+        for r in requests
+    ]
+
+
+def _issue_statements(
+    conn: Connection, first_of: dict[str, IssueRequest], ledger8: str
+) -> tuple[dict[str, EpochRecord], dict[str, EpochRecord]]:
+    """The epochs found and made, by request UID: a statement at a time (SQLite, in-process)."""
+    # The lock first, so the lookup also sees what another service process committed a
+    # moment ago; it spends no revision, so a batch of retries changes nothing.
+    queries.lock_writers(conn)
     found = queries.by_requests(conn, list(first_of), ledger8)
     new = [r for uid, r in first_of.items() if uid not in found]
     made: dict[str, EpochRecord] = {}
@@ -87,9 +111,57 @@ def issue_all(conn: Connection, requests: list[IssueRequest]) -> list[Issued]:
             r.request_uid: queries.to_record(SimpleNamespace(**row), ledger8)
             for r, row in zip(new, rows, strict=True)
         }
-    records = {**found, **made}
-    # Made by this request only if it is the first of its UID in the batch: a twin is a retry.
-    return [
-        (records[r.request_uid], r.request_uid in made and first_of[r.request_uid] is r)
-        for r in requests
-    ]
+    return found, made
+
+
+LOCK_SQL = f"SELECT id FROM ledger WHERE id = {LEDGER_ROW} FOR UPDATE"
+
+#: Every distinct request of a batch at once: those already issued are found, the others get
+#: consecutive new generations in the batch's order under one new revision (and none is spent
+#: when nothing is new). Each row says whether this statement made it.
+ISSUE_SQL = f"""
+WITH req AS (
+    SELECT uid, ns, srv, ord
+    FROM unnest(%(uids)s::text[], %(namespaces)s::text[], %(servers)s::text[])
+        WITH ORDINALITY AS r(uid, ns, srv, ord)
+), new AS (
+    SELECT req.*, row_number() OVER (ORDER BY req.ord) AS k
+    FROM req
+    WHERE NOT EXISTS (SELECT 1 FROM epochs e WHERE e.request_uid = req.uid)
+), bump AS (
+    UPDATE ledger
+    SET revision = revision + 1, generation = generation + (SELECT count(*) FROM new)
+    WHERE id = {LEDGER_ROW} AND EXISTS (SELECT 1 FROM new)
+    RETURNING revision, generation
+), made AS (
+    INSERT INTO epochs
+        (generation, namespace, server, request_uid, state, revision, created_at, updated_at)
+    SELECT bump.generation - (SELECT count(*) FROM new) + new.k, new.ns, new.srv, new.uid,
+        %(state)s, bump.revision, %(now)s, %(now)s
+    FROM new CROSS JOIN bump
+    RETURNING *
+)
+SELECT made.*, true AS made_now FROM made
+UNION ALL
+SELECT e.*, false AS made_now FROM epochs e JOIN req ON e.request_uid = req.uid
+"""
+
+
+def _issue_pipelined(
+    conn: Connection, distinct: list[IssueRequest], ledger8: str
+) -> tuple[dict[str, EpochRecord], dict[str, EpochRecord]]:
+    """The epochs found and made, by request UID: the lock and :data:`ISSUE_SQL` in one
+    round trip (PostgreSQL)."""
+    params = {
+        "uids": [r.request_uid for r in distinct],
+        "namespaces": [r.namespace for r in distinct],
+        "servers": [r.server for r in distinct],
+        "state": State.PENDING.value,
+        "now": time.time(),
+    }
+    _, rows = pipeline.run(conn, [(LOCK_SQL, None), (ISSUE_SQL, params)])
+    found: dict[str, EpochRecord] = {}
+    made: dict[str, EpochRecord] = {}
+    for row in rows:
+        (made if row.made_now else found)[row.request_uid] = queries.to_record(row, ledger8)
+    return found, made

@@ -34,7 +34,7 @@ from epochsvc.service.lifecycle import (
     check_successor,
     plan,
 )
-from epochsvc.service.store import migrate, queries, rings
+from epochsvc.service.store import migrate, pipeline, queries, rings
 from epochsvc.service.store.barrier import RevisionBarrier
 from epochsvc.service.store.base import (
     CommitStats,
@@ -90,6 +90,11 @@ class SqlEpochStore(RingOperations, EpochStore):
         #: Names this process's change notifications, which its own follower skips.
         self._sender = uuid.uuid4().hex[:12]
         self._change_notice = change_notice(self._sender)
+        # The same statement as text, sent with the COMMIT in one round trip.
+        literal = {"literal_binds": True}
+        self._change_notice_sql = str(
+            self._change_notice.compile(dialect=writer.dialect, compile_kwargs=literal)
+        )
         self._committer = GroupCommitter(
             writer,
             store_error,
@@ -165,7 +170,9 @@ class SqlEpochStore(RingOperations, EpochStore):
         self._mirror.replace(records, revision)
 
     def _notify(self, conn: Connection) -> None:
-        conn.execute(self._change_notice)
+        """Announce the commit to the other processes' followers, in the commit's own round
+        trip (PostgreSQL delivers it at commit)."""
+        pipeline.run(conn, [(self._change_notice_sql, None)], commit=True)
 
     def _remember(self, values: list[Any]) -> None:
         """After each group commit: this process's own writes are in its copy at once."""
