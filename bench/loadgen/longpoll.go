@@ -2,6 +2,8 @@ package main
 
 // longpoll mode: hold N long polls on one server, change that server once, and measure how
 // long each waiter takes to hear of it, with /healthz probed in a closed loop meanwhile.
+// Several service processes: comma-separated poll and metrics URLs, the waiters spread over
+// the poll URLs in turn, and held once the metrics URLs' gauges add up to them.
 
 import (
 	"bytes"
@@ -16,6 +18,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -44,7 +47,9 @@ func percentile(sorted []time.Duration, p float64) float64 {
 	return float64(sorted[int(p*float64(len(sorted)-1))].Microseconds()) / 1000
 }
 
-func runLongpoll(pollURL, triggerURL, triggerBody, healthURL, metricsURL, token string, waiters int) {
+func runLongpoll(pollURLs, triggerURL, triggerBody, healthURL, metricsURLs, token string, waiters int) {
+	polls := strings.Split(pollURLs, ",")
+	gauges := strings.Split(metricsURLs, ",")
 	dialer := &net.Dialer{Timeout: 30 * time.Second}
 	transport := &http.Transport{
 		DialContext:         dialer.DialContext,
@@ -96,6 +101,7 @@ func runLongpoll(pollURL, triggerURL, triggerBody, healthURL, metricsURL, token 
 	dials := make(chan struct{}, 256) // connection set-up in bounded bursts, as replicas do
 	for i := 0; i < waiters; i++ {
 		wg.Add(1)
+		pollURL := polls[i%len(polls)]
 		go func() {
 			defer wg.Done()
 			dials <- struct{}{}
@@ -131,19 +137,27 @@ func runLongpoll(pollURL, triggerURL, triggerBody, healthURL, metricsURL, token 
 	// Until the service holds every waiter that did not fail.
 	deadline := time.Now().Add(180 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := other.Get(metricsURL)
-		if err == nil {
+		held, seen := 0.0, 0
+		for _, metricsURL := range gauges {
+			resp, err := other.Get(metricsURL)
+			if err != nil {
+				continue
+			}
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if m := waitersGauge.FindSubmatch(body); m != nil {
-				held, _ := strconv.ParseFloat(string(m[1]), 64)
-				res.Registered = int(held)
-				mu.Lock()
-				errs := res.Errors
-				mu.Unlock()
-				if res.Registered >= waiters-errs {
-					break
-				}
+				n, _ := strconv.ParseFloat(string(m[1]), 64)
+				held += n
+				seen++
+			}
+		}
+		if seen == len(gauges) {
+			res.Registered = int(held)
+			mu.Lock()
+			errs := res.Errors
+			mu.Unlock()
+			if res.Registered >= waiters-errs {
+				break
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
