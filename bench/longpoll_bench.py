@@ -179,9 +179,11 @@ def _postgres(tmp: str, waiters: int) -> dict[int, dict[str, Any]]:
         second = EpochServiceProcess(url, Path(tmp) / "pg-2.log")
         second.operator_token, second.replica_token = first.operator_token, first.replica_token
         try:
+            _services_poll([first], 1)  # warm, as the SQLite run is by its one-waiter baseline
             print(f"holding {waiters} long polls on one process on PostgreSQL", flush=True)
             out[1] = _services_poll([first], waiters)
             second.start()
+            _services_poll([second], 1)
             print(f"holding {waiters} long polls over two processes on PostgreSQL", flush=True)
             out[2] = _services_poll([first, second], waiters)
         finally:
@@ -196,10 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench longpoll")
     parser.add_argument("--waiters", default=",".join(map(str, DEFAULT_WAITERS)))
     parser.add_argument("--rounds", type=int, default=5, help="service/floor pairs judged")
-    parser.add_argument("--quick", action="store_true", help=f"only {QUICK_WAITERS}, 3 rounds")
+    parser.add_argument("--quick", action="store_true", help=f"only {QUICK_WAITERS}, 5 rounds")
     args = parser.parse_args(argv)
     if args.quick:
-        counts, judged, rounds = QUICK_WAITERS, QUICK_JUDGED, 3
+        counts, judged, rounds = QUICK_WAITERS, QUICK_JUDGED, 5
     else:
         counts = tuple(int(n) for n in args.waiters.split(","))
         judged = JUDGED if JUDGED in counts else max(counts)

@@ -45,10 +45,12 @@ class HeldResponse(Response):
         await self.answer(scope, receive, send)
 
     async def answer(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.body = await self._produce()
-        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
-        self.raw_headers.append((b"content-length", str(len(self.body)).encode()))
-        await super().__call__(scope, receive, send)
+        """Send the body once it is produced: two messages, as a bare ASGI app sends them."""
+        body = await self._produce()
+        headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        headers.append((b"content-length", b"%d" % len(body)))
+        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 class HeldPolls:

@@ -3,7 +3,11 @@
 Waiters are woken by the change notifications the service already has, per server: a write
 made by this process (the routers, the sweeper) and, on PostgreSQL, a write of another
 service process delivered by the store's follower. A change to one server wakes only that
-server's waiters, so a fleet of servers never turns one write into a thundering herd.
+server's waiters, so a fleet of servers never turns one write into a thundering herd. A
+notification names the server's revision when it knows it, so a woken waiter decides without
+reading the store again (on PostgreSQL that read would cost each waiter a round trip of the
+read barrier); only a notification without one (a reload of the whole copy) makes the
+waiters look.
 
 A waiter never polls. One catch-up task (:meth:`ChangeNotifier.catch_up`) reads, every
 ``poll_interval``, the newest revision of each server that has waiters (one read per server,
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Mapping
 
 from epochsvc.service.store.base import EpochStore, StoreUnavailable
 
@@ -31,36 +35,41 @@ Key = tuple[str, str]
 WAKE_BATCH = 256
 
 
-def _resolve(future: asyncio.Future[int | None], change: int | None = None) -> None:
+#: What wakes a waiter: the notification's number and the server's revision it announced
+#: (None: not known); None when its wait ran out.
+Woken = tuple[int, int | None] | None
+
+
+def _resolve(future: asyncio.Future[Woken], woken: Woken = None) -> None:
     if not future.done():
-        future.set_result(change)
+        future.set_result(woken)
 
 
 class _Wake:
     """The waiters of one server for its next change; :meth:`fire` resumes them in batches."""
 
     def __init__(self) -> None:
-        self._waiters: dict[asyncio.Future[int | None], None] = {}  # in arrival order
+        self._waiters: dict[asyncio.Future[Woken], None] = {}  # in arrival order
 
-    def add(self) -> asyncio.Future[int | None]:
-        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+    def add(self) -> asyncio.Future[Woken]:
+        future: asyncio.Future[Woken] = asyncio.get_running_loop().create_future()
         self._waiters[future] = None
         return future
 
-    def discard(self, future: asyncio.Future[int | None]) -> None:
+    def discard(self, future: asyncio.Future[Woken]) -> None:
         """A waiter left without being woken (its wait ended): forget it."""
         future.cancel()
         self._waiters.pop(future, None)
 
-    async def fire(self, change: int) -> None:
-        """Resume every waiter with the number of the change that woke it."""
+    async def fire(self, change: int, revision: int | None) -> None:
+        """Resume every waiter with the number of the change that woke it and the revision."""
         waiters = list(self._waiters)
         self._waiters.clear()
         for start in range(0, len(waiters), WAKE_BATCH):
             if start:
                 await asyncio.sleep(0)  # one loop turn: let sockets be read
             for future in waiters[start : start + WAKE_BATCH]:
-                _resolve(future, change)  # a waiter that left meanwhile cancelled its own
+                _resolve(future, (change, revision))  # one that left cancelled its own
 
 
 class ChangeNotifier:
@@ -81,21 +90,23 @@ class ChangeNotifier:
         self.closed = True
         self.notify()
 
-    def notify(self, servers: Iterable[Key] | None = None) -> None:
-        """Wake the current waiters of ``servers`` (every waiter when None: a change whose
-        servers are not known, such as a reload of the whole copy). Later waiters wait for
-        the next change."""
+    def notify(self, servers: Mapping[Key, int | None] | None = None) -> None:
+        """Wake the current waiters of ``servers``, each with the server's revision if known
+        (every waiter when None: a change whose servers are not known, such as a reload of
+        the whole copy). Later waiters wait for the next change."""
         self.changes += 1
-        keys = list(self._events) if servers is None else servers
-        for key in keys:
+        changed = dict.fromkeys(self._events) if servers is None else servers
+        for key, revision in changed.items():
             wake = self._events.pop(key, None)
             if wake is not None:
-                task = asyncio.get_running_loop().create_task(wake.fire(self.changes))
+                task = asyncio.get_running_loop().create_task(wake.fire(self.changes, revision))
                 self._firing.add(task)
                 task.add_done_callback(self._firing.discard)
 
-    def notify_server(self, namespace: str, server: str) -> None:
-        self.notify(((namespace, server),))
+    def notify_server(self, namespace: str, server: str, revision: int | None = None) -> None:
+        """A write to one server: ``revision`` is the written record's (for a write that
+        changed nothing, the record's unchanged one: its waiters wait on)."""
+        self.notify({(namespace, server): revision})
 
     async def catch_up_once(self, store: EpochStore) -> int:
         """One pass of the safety net; returns how many servers it had to wake."""
@@ -105,7 +116,7 @@ class ChangeNotifier:
             if self._seen.get(key) != newest:
                 if key in self._seen:
                     woken += 1
-                    self.notify((key,))
+                    self.notify({key: newest})
                 self._seen[key] = newest
         for key in [k for k in self._seen if k not in self._waiting]:
             del self._seen[key]
@@ -137,9 +148,10 @@ class ChangeNotifier:
         key = (namespace, server)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        self.waiters += 1
         self._waiting[key] = self._waiting.get(key, 0) + 1
         woken_by: int | None = None
+        look = True  # read the server's revision (not known from the notification)
+        held = False  # counted in ``waiters`` once its first look found nothing newer
         try:
             while True:
                 # Taken before the read: a change between the read and the wait still wakes.
@@ -148,23 +160,31 @@ class ChangeNotifier:
                     wake = self._events[key] = _Wake()
                 woken = wake.add()
                 try:
-                    newest, ledger = await store.server_revision(namespace, server)
-                    # since > ledger: the caller's copy came from another (replaced) ledger.
-                    if newest > since or since > ledger or self.closed:
-                        return woken_by
+                    if look:
+                        newest, ledger = await store.server_revision(namespace, server)
+                        # since > ledger: the caller's copy came from another (replaced) ledger.
+                        if newest > since or since > ledger or self.closed:
+                            return woken_by
+                    if not held:
+                        held = True
+                        self.waiters += 1
                     # A bare timer rather than asyncio.timeout(), whose context and
                     # cancellation bookkeeping every one of thousands of waiters would hold.
                     timer = loop.call_at(deadline, _resolve, woken)
                     try:
-                        woken_by = await woken
+                        result = await woken
                     finally:
                         timer.cancel()
-                    if woken_by is None:
+                    if result is None:
                         return None  # the caller reads the list anyway: no last look needed
+                    woken_by, revision = result
+                    if self.closed or (revision is not None and revision > since):
+                        return woken_by
+                    look = revision is None  # a write that changed nothing newer: wait on
                 finally:
                     wake.discard(woken)  # a no-op once woken
         finally:
-            self.waiters -= 1
+            self.waiters -= held
             left = self._waiting[key] - 1
             if left:
                 self._waiting[key] = left

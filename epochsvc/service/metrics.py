@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -95,6 +96,9 @@ class ObserveLatency:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        # The histogram's child per (method, route, status): ``labels()`` takes a lock and
+        # builds a key on every call, once per each of thousands of woken long polls.
+        self._children: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -113,6 +117,10 @@ class ObserveLatency:
             await self.app(scope, receive, send_status)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.latency.labels(scope["method"], route, str(status)).observe(
-                time.perf_counter() - started
-            )
+            key = (scope["method"], route, status)
+            child = self._children.get(key)
+            if child is None:
+                child = self._children[key] = self.metrics.latency.labels(
+                    scope["method"], route, str(status)
+                )
+            child.observe(time.perf_counter() - started)

@@ -138,3 +138,26 @@ def test_a_wake_of_many_waiters_lets_other_work_run_between_its_batches() -> Non
 
     seen = asyncio.run(scenario())
     assert any(0 < resumed < 4 * WAKE_BATCH for resumed in seen), seen
+
+
+def test_a_notification_that_names_the_revision_spares_every_waiter_a_read() -> None:
+    async def scenario() -> None:
+        store, notifier = CountingStore(), ChangeNotifier()
+        store.revisions[("ns", "a")] = 4
+        waiters = [
+            asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 4, 60))  # type: ignore[arg-type]
+            for _ in range(100)
+        ]
+        await _yield_to_waiters()
+        assert store.reads == 100  # each looked once, on arrival
+        # A write that changed nothing (its record's revision is the one they have): they
+        # wait on, and nobody reads.
+        notifier.notify_server("ns", "a", 4)
+        await _yield_to_waiters()
+        assert not any(t.done() for t in waiters) and store.reads == 100
+        store.revisions[("ns", "a")] = 5
+        notifier.notify_server("ns", "a", 5)
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 5) == [2] * 100
+        assert store.reads == 100  # woken by the revision, not by a read each
+
+    asyncio.run(scenario())

@@ -58,7 +58,7 @@ async def issue_epoch(
     (200 instead of 201)."""
     record, created = await store.issue(body.namespace, body.server, body.request_uid)
     if created:
-        notifier.notify_server(record.namespace, record.server)
+        notifier.notify_server(record.namespace, record.server, record.revision)
         metrics.issued.labels(body.namespace, body.server).inc()
     else:
         response.status_code = status.HTTP_200_OK
@@ -80,7 +80,7 @@ async def _transition(
         address=body.address if body else None,
     )
     # After a no-op write its waiters find nothing newer and simply wait on.
-    notifier.notify_server(record.namespace, record.server)
+    notifier.notify_server(record.namespace, record.server, record.revision)
     return epoch_of(record)
 
 
@@ -129,7 +129,7 @@ async def register_incarnation(
         pod_name=body.pod_name if body else None,
         owner_only=not caller.is_operator,
     )
-    notifier.notify_server(record.namespace, record.server)
+    notifier.notify_server(record.namespace, record.server, record.revision)
     assert record.incarnation is not None and record.process_epoch is not None
     return Incarnation(
         process_epoch=record.process_epoch,
@@ -157,7 +157,7 @@ async def record_handoff(
         ProcessEpoch.parse(body.successor),
         pod_uid=uid,
     )
-    notifier.notify_server(record.namespace, record.server)
+    notifier.notify_server(record.namespace, record.server, record.revision)
     return epoch_of(shown(record, caller))
 
 

@@ -82,11 +82,11 @@ class EpochStore(abc.ABC):
     """A durable ledger. Every method is one transaction; every change bumps the revision."""
 
     ledger_id: str
-    # Called (on the event loop) when changes made by *another* process arrive, so that long
-    # polls wake without polling the database.
-    #: Told of changes this process did not make (another service process's writes): the
-    #: servers they touched, or None when that is not known (a reload of the whole copy).
-    on_change: Callable[[set[tuple[str, str]] | None], None] | None = None
+    #: Told, on the event loop, of changes this process did not make (another service
+    #: process's writes), so that long polls wake without polling the database: the servers
+    #: they touched with the newest revision of each, or None when that is not known (a
+    #: reload of the whole copy).
+    on_change: Callable[[dict[tuple[str, str], int] | None], None] | None = None
 
     @property
     def ledger8(self) -> str:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+T = TypeVar("T")
 
 #: Threads (and pooled connections) for blocking reads.
 READ_THREADS = 4
@@ -37,6 +41,28 @@ def describe_url(url: str) -> str:
 def postgres_engine(url: sa.URL) -> Engine:
     """One pool shared by the writer, the readers and the follower."""
     return create_engine(url, pool_size=READ_THREADS + 1, max_overflow=4, pool_pre_ping=True)
+
+
+def postgres_revision_engine(url: sa.URL) -> Engine:
+    """Connections for the read barrier's ``SELECT revision``: one statement, so autocommit
+    (no BEGIN, no ROLLBACK) and no liveness ping at check-out, one round trip in all where
+    the shared pool's took four. A connection the database dropped fails its statement, and
+    the read is sent again on a fresh one (:func:`read_once_more`)."""
+    return create_engine(url, pool_size=2, max_overflow=READ_THREADS, isolation_level="AUTOCOMMIT")
+
+
+def read_once_more(engine: Engine, fn: Callable[[Connection], T]) -> T:
+    """``fn`` on a connection of ``engine``; once more on a new one if the first turned out
+    dead (SQLAlchemy then discards the pool's older connections too). Reads only: a read
+    sent twice is still one read."""
+    try:
+        with engine.connect() as conn:
+            return fn(conn)
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+    with engine.connect() as conn:
+        return fn(conn)
 
 
 def sqlite_engines(url: sa.URL) -> tuple[Engine, Engine]:

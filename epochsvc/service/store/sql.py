@@ -50,6 +50,8 @@ from epochsvc.service.store.engines import (
     describe_url,
     driver_url,
     postgres_engine,
+    postgres_revision_engine,
+    read_once_more,
     sqlite_engines,
 )
 from epochsvc.service.store.errors import database_errors, store_error
@@ -80,10 +82,17 @@ class SqlEpochStore(RingOperations, EpochStore):
     """
 
     def __init__(
-        self, writer: Engine, reader: Engine, *, dialect: str, file_lock: FileLock | None = None
+        self,
+        writer: Engine,
+        reader: Engine,
+        *,
+        dialect: str,
+        file_lock: FileLock | None = None,
+        revision_reader: Engine | None = None,
     ) -> None:
         self._writer = writer
         self._reader = reader
+        self._revision_reader = revision_reader  # PostgreSQL: the read barrier's
         self._lock = file_lock
         self.dialect = dialect
         self.ledger_id = ""
@@ -117,7 +126,8 @@ class SqlEpochStore(RingOperations, EpochStore):
             store = cls(*sqlite_engines(durl), dialect="sqlite", file_lock=lock)
         else:
             engine = postgres_engine(durl)
-            store = cls(engine, engine, dialect="postgresql")
+            revisions = postgres_revision_engine(durl)
+            store = cls(engine, engine, dialect="postgresql", revision_reader=revisions)
         try:
             await store._call(store._initialise)
             await store._reload_mirror()
@@ -189,7 +199,11 @@ class SqlEpochStore(RingOperations, EpochStore):
         mirror = self._mirror
         changed = mirror.replace(records, revision) if full else mirror.apply(records, revision)
         if changed and self.on_change is not None:
-            self.on_change(None if full else {(r.namespace, r.server) for r in records})
+            newest: dict[tuple[str, str], int] = {}
+            for r in records:
+                key = (r.namespace, r.server)
+                newest[key] = max(newest.get(key, 0), r.revision)
+            self.on_change(None if full else newest)
 
     def _lost(self) -> None:
         """From the follower's thread: the copy may be behind until it has caught up."""
@@ -210,6 +224,8 @@ class SqlEpochStore(RingOperations, EpochStore):
         self._writer.dispose()
         if self._reader is not self._writer:
             self._reader.dispose()
+        if self._revision_reader is not None:
+            self._revision_reader.dispose()
         if self._lock is not None:
             self._lock.release()
 
@@ -423,7 +439,15 @@ class SqlEpochStore(RingOperations, EpochStore):
         return self._mirror.revision >= await self._barrier.revision()
 
     async def _database_revision(self) -> int:
-        return await self._read_db(queries.revision)
+        engine = self._revision_reader
+        if engine is None:
+            return await self._read_db(queries.revision)
+
+        def read() -> int:
+            with database_errors():
+                return read_once_more(engine, queries.revision)
+
+        return await self._call(read)
 
     async def get(self, generation: int) -> EpochRecord:
         record = self._mirror.records.get(generation) if await self._copy_answers() else None
