@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import tempfile
 import uuid
 from pathlib import Path
@@ -158,11 +159,16 @@ def _targets(backend: str, results: dict[tuple[str, int], Load], ratios: list[fl
         f"in-memory lookups on the same server {lookup8.per_sec:.0f}/s (the most a write could "
         "do through the same HTTP stack)"
     )
-    ratio = Ratio(
-        f"{backend} issuing at 8 clients", "in-memory lookups", tuple(ratios), ISSUE_TARGET, False
-    )
-    line = ratio.line()
-    out.append(line if backend == "postgres" else line.replace(": met", ": (reported)"))
+    if backend == "postgres":  # the target; SQLite's fsync is this machine's disk, reported
+        ratio = Ratio(
+            "postgres issuing at 8 clients", "in-memory lookups", tuple(ratios), ISSUE_TARGET, False
+        )
+        out.append(ratio.line())
+    else:
+        out.append(
+            f"{backend}: issuing at 8 clients is {statistics.median(ratios):.2f}x its lookups "
+            f"(median of {len(ratios)} rounds; reported, no target)"
+        )
     return out
 
 
