@@ -131,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=5, help="streams direct and through")
     ap.add_argument(
-        "--quick", action="store_true", help="300 requests, 5,000 events x 3, 200 streams"
+        "--quick", action="store_true", help="300 requests, 5,000 events x 5, 200 streams"
     )
     args = ap.parse_args(argv)
     if args.quick:
-        args.requests, args.events, args.streams, args.rounds = 300, 5000, 200, 3
+        args.requests, args.events, args.streams, args.rounds = 300, 5000, 200, 5
     up: Proc = start_upstream("ts")
     sidecar = start_sidecar(up.port)
     try:

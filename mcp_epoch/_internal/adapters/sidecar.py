@@ -42,8 +42,7 @@ from typing import Any, Final
 
 import anyio
 from mcp.server.streamable_http import EventMessage
-from mcp_types import ErrorData, JSONRPCError, JSONRPCResponse, jsonrpc_message_adapter
-from pydantic import ValidationError
+from mcp_types import ErrorData, JSONRPCError
 
 from mcp_epoch._internal import upstream
 from mcp_epoch._internal.adapters import sse
@@ -68,7 +67,7 @@ from mcp_epoch._internal.guard import (
 )
 from mcp_epoch._internal.inflight import request_id_of
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
-from mcp_epoch._internal.store import EpochEventStore
+from mcp_epoch._internal.store import EpochEventStore, RawMessage
 from mcp_epoch._internal.unfinished import UNFINISHED
 
 log = logging.getLogger("mcp_epoch.sidecar")
@@ -435,7 +434,7 @@ class UpstreamRelay:
                         event_id = await self.store.store_event(stream_id, message)
                         out += sse.encode(event_id, event.data or "", retry)
                         retry = None
-                        if isinstance(message, JSONRPCResponse | JSONRPCError):
+                        if message.final:
                             open_calls.pop(str(message.id), None)
                     if out and not current.buffered:  # nothing more to read now: write
                         body = bytes(out)
@@ -668,16 +667,26 @@ def _sse_head(answer: upstream.Exchange) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in answer.headers if k not in _OWN and k != b"content-length"]
 
 
-def _message(event: sse.Event) -> Any:
-    """The JSON-RPC message an upstream event carries; None for a priming or empty event, or
-    one that is not JSON-RPC (logged: it cannot be resumed, so it is not sent either)."""
+def _message(event: sse.Event) -> RawMessage | None:
+    """The JSON-RPC message an upstream event carries, as its text; None for a priming or empty
+    event, or one that is not a JSON-RPC message (logged: it cannot be resumed, so it is not
+    sent either). Only its kind is read: a relay has no use for the SDK's models of it."""
     if not event.data:
         return None
     try:
-        return jsonrpc_message_adapter.validate_json(event.data)
-    except ValidationError as exc:
-        log.warning("dropped an upstream event that is not JSON-RPC: %s", exc.errors()[:1])
-        return None
+        parsed: Any = json.loads(event.data)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and parsed.get("jsonrpc") == "2.0":
+        if "method" in parsed:
+            return RawMessage(event.data, final=False)
+        rid = parsed.get("id")
+        if ("result" in parsed and isinstance(rid, str | int)) or (
+            "error" in parsed and (rid is None or isinstance(rid, str | int))
+        ):
+            return RawMessage(event.data, final=True, id=rid)
+    log.warning("dropped an upstream event that is not a JSON-RPC message: %.200s", event.data)
+    return None
 
 
 def _call_ids(body: bytes) -> dict[str, str | int]:
