@@ -150,7 +150,6 @@ class ChangeNotifier:
         deadline = loop.time() + wait
         self._waiting[key] = self._waiting.get(key, 0) + 1
         woken_by: int | None = None
-        look = True  # read the server's revision (not known from the notification)
         held = False  # counted in ``waiters`` once its first look found nothing newer
         try:
             while True:
@@ -160,11 +159,10 @@ class ChangeNotifier:
                     wake = self._events[key] = _Wake()
                 woken = wake.add()
                 try:
-                    if look:
-                        newest, ledger = await store.server_revision(namespace, server)
-                        # since > ledger: the caller's copy came from another (replaced) ledger.
-                        if newest > since or since > ledger or self.closed:
-                            return woken_by
+                    newest, ledger = await store.server_revision(namespace, server)
+                    # since > ledger: the caller's copy came from another (replaced) ledger.
+                    if newest > since or since > ledger or self.closed:
+                        return woken_by
                     if not held:
                         held = True
                         self.waiters += 1
@@ -180,7 +178,9 @@ class ChangeNotifier:
                     woken_by, revision = result
                     if self.closed or (revision is not None and revision > since):
                         return woken_by
-                    look = revision is None  # a write that changed nothing newer: wait on
+                    # Nothing newer than the caller has (a write that changed nothing), or not
+                    # known: look again once registered anew (above), since a change notified
+                    # before then would find no waiter of this server to wake.
                 finally:
                     wake.discard(woken)  # a no-op once woken
         finally:

@@ -140,7 +140,7 @@ def test_a_wake_of_many_waiters_lets_other_work_run_between_its_batches() -> Non
     assert any(0 < resumed < 4 * WAKE_BATCH for resumed in seen), seen
 
 
-def test_a_notification_that_names_the_revision_spares_every_waiter_a_read() -> None:
+def test_a_notification_that_names_a_newer_revision_spares_every_waiter_a_read() -> None:
     async def scenario() -> None:
         store, notifier = CountingStore(), ChangeNotifier()
         store.revisions[("ns", "a")] = 4
@@ -151,13 +151,31 @@ def test_a_notification_that_names_the_revision_spares_every_waiter_a_read() -> 
         await _yield_to_waiters()
         assert store.reads == 100  # each looked once, on arrival
         # A write that changed nothing (its record's revision is the one they have): they
-        # wait on, and nobody reads.
+        # wait on, each looking once more after registering anew (a change notified in
+        # between would otherwise be missed).
         notifier.notify_server("ns", "a", 4)
         await _yield_to_waiters()
-        assert not any(t.done() for t in waiters) and store.reads == 100
+        assert not any(t.done() for t in waiters) and store.reads == 200
         store.revisions[("ns", "a")] = 5
         notifier.notify_server("ns", "a", 5)
         assert await asyncio.wait_for(asyncio.gather(*waiters), 5) == [2] * 100
-        assert store.reads == 100  # woken by the revision, not by a read each
+        assert store.reads == 200  # woken by the revision, not by a read each
+
+    asyncio.run(scenario())
+
+
+def test_a_change_notified_while_a_waiter_registers_anew_is_not_missed() -> None:
+    """A no-op write wakes the waiter; a real change is notified before it has registered
+    again (no waiter of the server to wake then). Its next look finds the change."""
+
+    async def scenario() -> None:
+        store, notifier = CountingStore(), ChangeNotifier()
+        store.revisions[("ns", "a")] = 4
+        waiter = asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 4, 60))  # type: ignore[arg-type]
+        await _yield_to_waiters()
+        notifier.notify_server("ns", "a", 4)  # changed nothing: the waiter is resumed...
+        store.revisions[("ns", "a")] = 5
+        notifier.notify_server("ns", "a", 5)  # ...and this lands before it registers anew
+        assert await asyncio.wait_for(waiter, 5) is not None
 
     asyncio.run(scenario())
