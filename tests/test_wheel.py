@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.replica.conftest import EXAMPLE, wait_port
+from tests.replica.conftest import EXAMPLE, RawSession, wait_port
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,41 +91,11 @@ def test_the_wheel_with_the_mcp_extra_alone_serves_the_example(tmp_path: Path) -
 
 
 def _call_a_tool(url: str) -> None:
-    accept = {"accept": "application/json, text/event-stream"}
-    with httpx.Client(timeout=30.0, headers=accept) as http:
-        init = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "wheel-test", "version": "1"},
-            },
-        }
-        r = http.post(url, json=init)
-        assert r.status_code == 200, r.text
-        session = {"mcp-session-id": r.headers["mcp-session-id"]}
-        http.post(
-            url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session
-        )
-        call = {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "tools/call",
-            "params": {
-                "name": "countdown",
-                "arguments": {"n": 3, "delay": 0},
-                "_meta": {"progressToken": "t"},
-            },
-        }
-        with http.stream("POST", url, json=call, headers=session) as stream:
-            lines = list(stream.iter_lines())
-    messages = [
-        json.loads(line[5:]) for line in lines if line.startswith("data:") and line[5:].strip()
-    ]
+    with httpx.Client(timeout=30.0) as http:
+        events = RawSession(url, http).initialize().countdown(3, delay=0)
+    messages = [json.loads(e.data) for e in events if e.data]
     assert sum(m.get("method") == "notifications/progress" for m in messages) == 3
     assert messages[-1]["result"]["content"][0]["text"] == "done 3"
     # Every event carries the library's ID: this process's epoch, then a sequence number.
-    ids = [line[3:].strip() for line in lines if line.startswith("id:")]
+    ids = [e.id for e in events if e.id]
     assert ids and all(":" in i for i in ids), ids
