@@ -88,6 +88,10 @@ class CallCheck:
     #: chaos, which knows what it cut.
     dropped_early: bool = False
     error: str = ""  # what the client was told when the call failed
+    #: Another request of the call's session that the server refused with 404 while the call
+    #: was pending (the answer to its question, a ping, a standalone stream): the session is
+    #: gone, so the call fails with it. ``"POST"`` or ``"GET"``, else empty.
+    session_refused: str = ""
     reconnects: list[Reconnect] = field(default_factory=list)
     _open: Reconnect | None = None
 

@@ -148,6 +148,8 @@ class DemoClient(abc.ABC):
             )
             if response.status_code < 300:
                 self._stream_origin = served
+        elif response.status_code == 404 and call.outcome == "pending":
+            call.session_refused = request.method  # the session is gone under the call
 
     def _new_call(self, session: int) -> tuple[CallCheck, dict[str, Any]]:
         self._calls += 1
@@ -256,6 +258,11 @@ class EpochDemoClient(DemoClient):
         if rejected and session not in self._rejected_at:
             reason = response.headers.get(REJECTED_HEADER, "unknown")
             self._rejected_at[session] = (time.monotonic(), reason)
+        call = self._current
+        if call is not None and call.outcome == "pending" and session > self._current_session:
+            # A pending call runs on the newest session the client opened: one opened under
+            # it (the last one had lost its connection, or refused the call) is the call's.
+            self._current_session = session
         self.observe(session, response)
 
     async def run(self) -> ClientResult:

@@ -262,5 +262,6 @@ def test_a_pod_killed_mid_rollout_loses_only_what_it_held(
             if call.get("outcome") in (None, "completed"):
                 continue
             rejected = bool(call["reconnects"]) and call["reconnects"][-1]["status"] == 404
+            rejected = rejected or bool(call["session_refused"])
             told = call["error"] or call["refused"] or call["dropped_early"] or rejected
             assert told, (kind, call)

@@ -1,0 +1,64 @@
+"""What the demo's clients record about the HTTP answers their calls get.
+
+Every call that fails must be explained by what the client was told; these tests feed real
+``httpx2`` responses (no server needed: the client only reads them) to the client's hook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx2
+
+from epochsvc.demo.client import CallShape, EpochDemoClient
+from mcp_epoch.contract import REJECTED_HEADER
+
+URL = "http://127.0.0.1:1/mcp"
+SESSION = {"mcp-session-id": "s-1"}
+
+
+def _response(status: int, method: str, body: object = None, **headers: str) -> httpx2.Response:
+    content = b"" if body is None else json.dumps(body).encode()
+    request = httpx2.Request(method, URL, content=content, headers={**SESSION, **headers})
+    return httpx2.Response(status, request=request)
+
+
+def _client() -> EpochDemoClient:
+    return EpochDemoClient(0, URL, CallShape(), asyncio.Event())
+
+
+def test_a_refused_answer_to_the_calls_question_explains_the_rejected_call() -> None:
+    """The session was lost under the call (its owner killed): the 404 came on the POST of
+    the answer to the server's question, not on the call's own POST or a resumption."""
+    client = _client()
+    call, _ = client._new_call(1)
+    answer = {"jsonrpc": "2.0", "id": 0, "result": {"action": "accept"}}
+    client._observe(_response(404, "POST", answer), 1, rejected=True)
+    call.finish("rejected")
+    assert call.session_refused == "POST"
+    assert not call.refused and not call.reconnects
+
+
+def test_a_refusal_of_an_older_session_is_not_the_calls() -> None:
+    client = _client()
+    call, _ = client._new_call(2)
+    client._observe(_response(404, "POST", {"jsonrpc": "2.0", "id": 1, "result": {}}), 1, True)
+    assert call.session_refused == ""
+
+
+def test_a_call_follows_the_session_opened_under_it() -> None:
+    """A call that starts as its session's connection is lost runs on the next one: a
+    resumption refused there is recorded on the call."""
+    client = _client()
+    call, _ = client._new_call(1)
+    client._observe(_response(404, "GET", **{"last-event-id": "e-1"}), 2, rejected=True)
+    assert [rc.status for rc in call.reconnects] == [404]
+
+
+def test_a_refused_call_post_is_a_refusal_not_a_lost_session() -> None:
+    client = _client()
+    call, _ = client._new_call(1)
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "work"}}
+    client._observe(_response(404, "POST", body, **{REJECTED_HEADER: "unknown"}), 1, True)
+    assert call.refused and call.session_refused == ""
