@@ -177,7 +177,9 @@ class RequestStateRing(BaseModel):
 
 
 class RingHeld(BaseModel):
-    """What a pod's report recorded, against the ring as it is now."""
+    """What a pod's report recorded, against the ring as it is now: a ``current_revision``
+    above ``revision`` means the ring moved on (the last holder's report steps a rotation),
+    so the reporter loads it again at once."""
 
     revision: int
     current_revision: int

@@ -114,7 +114,14 @@ class RingFollower:
         self._security = security
 
     def sync_once(self, client: SyncEpochServiceClient) -> None:
-        """One look at the ring: switch to a new revision, then say so."""
+        """One look at the ring: switch to a new revision, then say so. When the report says
+        the ring has moved on since (this process was the last one the step waited for, and
+        the service took the step at its report), look again at once."""
+        while self._sync(client):
+            pass
+
+    def _sync(self, client: SyncEpochServiceClient) -> bool:
+        """Load, switch, report; whether the ring is already newer than what was reported."""
         assert self.config.namespace and self.config.server
         ring = client.send(api.request_state_ring(self.config.namespace, self.config.server))
         if ring.revision != self.codec.revision:
@@ -128,14 +135,22 @@ class RingFollower:
             )
         self._loaded.set()
         process = self._process
-        if process is not None and self.reported != ring.revision:
-            client.send(api.report_ring(str(process), ring.revision))
-            self.reported = ring.revision
+        if process is None or self.reported == ring.revision:
+            return False
+        held = client.send(api.report_ring(str(process), ring.revision))
+        self.reported = ring.revision
+        return held.current_revision > ring.revision
 
     def start(self, process: ProcessEpoch | None, registered: bool) -> None:
         """Follow from now on; ``process`` reports only if the ledger issued it."""
         if self._thread is not None or not self.enabled:
             return
+        self.attach(process, registered)
+        self._thread = threading.Thread(target=self._run, name="mcp-epoch-ring", daemon=True)
+        self._thread.start()
+
+    def attach(self, process: ProcessEpoch | None, registered: bool) -> None:
+        """The process that reports what it holds (only one the ledger issued can)."""
         self._process = process if registered else None
         if not registered:
             log.error(
@@ -144,8 +159,6 @@ class RingFollower:
                 self.config.namespace,
                 self.config.server,
             )
-        self._thread = threading.Thread(target=self._run, name="mcp-epoch-ring", daemon=True)
-        self._thread.start()
 
     def wait_loaded(self, timeout: float) -> bool:
         return self._loaded.wait(timeout)

@@ -202,8 +202,9 @@ async def step_ring(
         message = rotation.stall_message(ring)
         rt.events.post(key, "Warning", "RequestStateRotationStalled", message)
         log.warning("%s/%s: %s", ns, name, message)
-    if rotation.rotating(ring) or begun is not None:
-        rt.mark_later(key, rotation.POLL_SECONDS)
+    later = rotation.next_look(ring, begun, now)
+    if later is not None:
+        rt.mark_later(key, later)
     return ring, begun, now
 
 

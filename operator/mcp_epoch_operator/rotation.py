@@ -1,7 +1,9 @@
 """When to rotate an McpServer's request-state key ring, and how its rotation shows, as plain
 functions. The epoch service holds the ring and refuses any step a live pod has not caught up
-with (``epochsvc.service.keyring``); the operator only decides when to begin, keeps asking
-the service to step on while a rotation is under way, and tells people what it waits for.
+with (``epochsvc.service.keyring``), and takes each step that waits for pods at the report
+of the last one. The operator decides when to begin, asks for the one step that waits for
+time (the old key's drop, one TTL after every pod sealed anew) when it is due, and tells
+people what the rotation waits for.
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ from mcp_epoch_operator.status import ISO_FORMAT, condition, iso_of
 CONDITION = "RequestStateRing"
 #: On a plain labelled Deployment: the value of ROTATE_ANNOTATION last acted on.
 HANDLED_ANNOTATION = f"{ROTATE_ANNOTATION}-handled"
-#: While a rotation is under way the server is looked at again this often: pods report the
-#: revision they hold to the epoch service, which the operator does not watch.
-POLL_SECONDS = 1.0
+#: While a rotation waits for pods, the server's status is looked at again this often. The
+#: steps themselves wait for nobody's look: the epoch service takes a step at the report of
+#: the last pod it waited for, and a pod that leaves wakes the operator through its watch.
+STATUS_SECONDS = 5.0
+#: After a rotation begins, the first look comes sooner: pods usually load the new ring in
+#: about a second, and the status should say so.
+FIRST_LOOK_SECONDS = 1.0
 #: A step that waits for the same pods this long is reported as stalled.
 STALL_SECONDS = 60.0
 
@@ -83,6 +89,21 @@ def due(mcps: dict[str, Any], ring: RingStatus, now: float) -> Begin | None:
 
 def rotating(ring: RingStatus) -> bool:
     return ring.revision is not None and ring.phase != "steady"
+
+
+def next_look(ring: RingStatus, begun: Begin | None, now: float) -> float | None:
+    """When to look at the ring again: ``None`` with no rotation under way; the moment the
+    old key may leave (the one step that waits for time, not for a pod, so the operator
+    takes it, on time); else a refresh of what the status shows."""
+    if begun is not None:
+        return FIRST_LOOK_SECONDS
+    if not rotating(ring):
+        return None
+    if ring.drop_due is not None and ring.drop_due > now:
+        return ring.drop_due - now + 0.05  # just past it (the service steps at >= drop_due)
+    if ring.drop_due is not None:
+        return FIRST_LOOK_SECONDS  # due, and the service's clock did not agree yet
+    return STATUS_SECONDS
 
 
 def build_request_state(

@@ -88,3 +88,20 @@ def test_a_plain_deployment_is_rotated_only_on_demand() -> None:
     handled = {ROTATE_ANNOTATION: "a", rotation.HANDLED_ANNOTATION: "a"}
     assert rotation.asked(handled, ring()) is None
     assert rotation.asked({}, ring()) is None
+
+
+def test_the_operator_looks_again_for_the_drop_on_time_and_otherwise_only_for_the_status() -> None:
+    """Steps that wait for pods are the service's (at the last report): no look of the
+    operator is needed for them, so it comes back only to show progress, or exactly when the
+    one step that waits for time is due."""
+    assert rotation.next_look(ring(), None, NOW) is None  # steady: nothing to come back for
+    begun = rotation.Begin("asked for", "t-1")
+    assert rotation.next_look(ring("adding", revision=2), begun, NOW) == 1.0
+    waiting = ring("adding", behind=["echo-1"], revision=2)
+    assert rotation.next_look(waiting, None, NOW) == rotation.STATUS_SECONDS
+    keeping = ring("switching", revision=3, switched_at=NOW - 100, drop_due=NOW + 500)
+    assert rotation.next_look(keeping, None, NOW) == 500.05
+    # Due by the operator's clock but not stepped yet (the service's is behind): soon, not
+    # in a tight loop.
+    late = ring("switching", revision=3, switched_at=NOW - 700, drop_due=NOW - 100)
+    assert rotation.next_look(late, None, NOW) == rotation.FIRST_LOOK_SECONDS

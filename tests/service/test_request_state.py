@@ -10,7 +10,10 @@ import time
 import pytest
 
 from mcp_epoch import api
+from mcp_epoch._internal.config import ReplicaConfig
+from mcp_epoch._internal.keyring import RingCodec, RingFollower
 from mcp_epoch.api_client import EpochServiceError
+from mcp_epoch.contract import ProcessEpoch
 from tests.conftest import ServiceFactory
 from tests.support.epochsvc_proc import EpochServiceProcess
 
@@ -77,14 +80,19 @@ def test_a_rotation_advances_only_as_every_pod_reports_and_keeps_the_old_key_a_t
     assert not held.advanced and held.phase == "adding" and held.behind == ["pod-uid-1"]
     assert held.waiting and "1 of 2 pods" in held.waiting
 
-    replica.send(api.report_ring(p1, 2))
-    switched = svc.send(api.advance_ring(NS, SERVER))
-    assert switched.advanced and (switched.phase, switched.revision) == ("switching", 3)
+    # The last pod's report takes the step there and then, and tells that pod the ring moved
+    # on; nobody has to ask for it.
+    last = replica.send(api.report_ring(p1, 2))
+    assert (last.revision, last.current_revision) == (2, 3)
+    switched = svc.send(api.ring_status(NS, SERVER))
+    assert (switched.phase, switched.revision) == ("switching", 3)
+    assert not svc.send(api.advance_ring(NS, SERVER)).advanced  # nothing left to step
     assert load(svc).keys == [new, old]  # the new key seals, the old one still opens
 
     for process in (p0, p1):
         replica.send(api.report_ring(process, 3))
-    observed = svc.send(api.advance_ring(NS, SERVER))
+    # The last report at revision 3 was the observation that every pod seals anew.
+    observed = svc.send(api.ring_status(NS, SERVER))
     assert observed.switched_at is not None and observed.drop_due == observed.switched_at + TTL
     # Until one TTL has passed since every pod sealed with the new key, the old key stays.
     while True:
@@ -95,6 +103,32 @@ def test_a_rotation_advances_only_as_every_pod_reports_and_keeps_the_old_key_a_t
         assert time.time() < observed.drop_due + 10, step
     assert time.time() >= observed.drop_due
     assert (step.revision, load(svc).keys) == (4, [new])
+
+
+def test_the_last_pods_follower_moves_on_at_its_own_report(svc: EpochServiceProcess) -> None:
+    """The library's follower (the real one, against the real service): the pod whose report
+    takes a step loads and reports the next revision in the same look, without waiting for
+    its next refresh."""
+    pods = [svc.live(NS, SERVER, uid) for uid in ("uid-0", "uid-1")]
+    followers = []
+    for pod in pods:
+        process = ProcessEpoch.parse(svc.send(api.register_incarnation(pod)).process_epoch)
+        follower = RingFollower(
+            ReplicaConfig.from_env(svc.replica_env(pod, NS, SERVER)), RingCodec()
+        )
+        follower.attach(process, registered=True)
+        followers.append(follower)
+    with svc.api(svc.replica_token) as replica:
+        for follower in followers:
+            follower.sync_once(replica)
+        svc.send(api.rotate_ring(NS, SERVER))
+        followers[0].sync_once(replica)
+        assert followers[0].codec.revision == 2  # not the last: the step waits for uid-1
+        followers[1].sync_once(replica)
+    # uid-1's report took the step to revision 3, and it switched to 3 and said so.
+    assert (followers[1].codec.revision, followers[1].reported) == (3, 3)
+    status = svc.send(api.ring_status(NS, SERVER))
+    assert (status.phase, status.revision, status.behind) == ("switching", 3, ["pod-uid-0"])
 
 
 def test_reports_are_checked_against_the_process_and_the_ring(svc: EpochServiceProcess) -> None:

@@ -185,7 +185,8 @@ class EpochStore(abc.ABC):
 
     @abc.abstractmethod
     async def report_ring(self, generation: int, incarnation: int, revision: int) -> Ring:
-        """The pod epoch's process ``incarnation`` holds ring ``revision`` now."""
+        """The pod epoch's process ``incarnation`` holds ring ``revision`` now; a report that
+        leaves no live pod behind steps the rotation (the ring returned is after that step)."""
 
     @abc.abstractmethod
     async def rotate_ring(

@@ -53,7 +53,12 @@ class RingOperations:
         return await self._read_db(read)
 
     async def report_ring(self, generation: int, incarnation: int, revision: int) -> Ring:
+        """Record the report; the report that leaves no live pod behind takes the rotation's
+        step there and then (the ring returned is the one after it). The step waits for the
+        last holder, so it is taken at that holder's report, not at someone's next look."""
+
         def op(conn: Connection) -> Ring:
+            queries.lock_writers(conn)  # the step below: one ring, one writer at a time
             current = queries.fetch(conn, generation, self.ledger8)
             if current.incarnation != incarnation:
                 raise LifecycleError(
@@ -67,8 +72,9 @@ class RingOperations:
                     "unknown-ring-revision",
                     f"{current.namespace}/{current.server} has no ring revision {revision}",
                 )
-            rings.report(conn, generation, incarnation, revision, time.time())
-            return ring
+            now = time.time()
+            rings.report(conn, generation, incarnation, revision, now)
+            return self._step(conn, ring, now)[0].ring
 
         return await self._write(op)
 
@@ -88,10 +94,15 @@ class RingOperations:
     ) -> tuple[Step, list[Holder]]:
         def op(conn: Connection) -> tuple[Step, list[Holder]]:
             ring = self._locked_ring(conn, namespace, server, ttl)
-            holders = rings.holders(conn, namespace, server)
-            step = keyring.advance(ring, holders, time.time())
-            if step.ring != ring:
-                rings.update(conn, step.ring)
-            return step, holders
+            return self._step(conn, ring, time.time())
 
         return await self._write(op)
+
+    @staticmethod
+    def _step(conn: Connection, ring: Ring, now: float) -> tuple[Step, list[Holder]]:
+        """At most one step of ``ring``'s rotation, given its live pods now (writer lock held)."""
+        holders = rings.holders(conn, ring.namespace, ring.server)
+        step = keyring.advance(ring, holders, now)
+        if step.ring != ring:
+            rings.update(conn, step.ring)
+        return step, holders
