@@ -24,9 +24,10 @@ $(STAMP): pyproject.toml uv.lock
 lock: $(STAMP)
 	$(BIN)/uv lock
 
-## The rolling-deploy proof on local processes (epoch service on SQLite), ~1 minute.
+## The rolling-deploy proof on local processes (epoch service on SQLite), ~5 minutes; draws
+## its report (pictures and one HTML page, docs/demo.md) into demo-report/.
 demo: $(STAMP)
-	$(BIN)/mcp-epoch demo
+	$(BIN)/mcp-epoch demo --report demo-report
 
 ## Run the epoch service on the embedded SQLite default (./data/ledger.db) on 127.0.0.1:8080.
 serve: $(STAMP)

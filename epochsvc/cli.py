@@ -37,11 +37,32 @@ def _proxy(args: argparse.Namespace) -> int:
 _PLUGINS = {
     "operator": ("mcp_epoch_operator.cli", "run the kopf operator against the current kubeconfig"),
     "demo": ("epochsvc.demo.cli", "the rolling-deploy proof: naive fleet vs mcp-epoch fleet"),
+    "status": (
+        "mcp_epoch_operator.status_cmd.cli",
+        "one server's pods, epochs, ledger, request-state ring, handoffs and problems",
+    ),
 }
+#: What the kubectl plugin (``kubectl-mcp_epoch``, run as ``kubectl mcp-epoch``) offers: the
+#: commands that read a cluster, not the ones that run a component.
+_KUBECTL_COMMANDS = ("status",)
 
 
 def _plugin(name: str) -> Any:
     return importlib.import_module(_PLUGINS[name][0])
+
+
+def _add_plugins(sub: Any, names: Sequence[str]) -> None:
+    for name in names:
+        help_text = _PLUGINS[name][1]
+        try:
+            module = _plugin(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and _PLUGINS[name][0].startswith(exc.name):
+                continue  # that part is not installed
+            raise
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sub_parser)
+        sub_parser.set_defaults(func=module.run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,21 +107,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="on exit, print what the drain did as one JSON line on stdout (for a supervisor)",
     )
     proxy.set_defaults(func=_proxy)
-    for name, (_module, help_text) in _PLUGINS.items():
-        try:
-            module = _plugin(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and _PLUGINS[name][0].startswith(exc.name):
-                continue  # that part is not installed
-            raise
-        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(sub_parser)
-        sub_parser.set_defaults(func=module.run)
+    _add_plugins(sub, list(_PLUGINS))
+    return parser
+
+
+def build_kubectl_parser() -> argparse.ArgumentParser:
+    """The kubectl plugin's commands; kubectl passes every argument after ``mcp-epoch`` on,
+    ``-n``, ``--context`` and ``--kubeconfig`` included."""
+    parser = argparse.ArgumentParser(
+        prog="kubectl mcp-epoch", description="mcp-epoch on this cluster (a kubectl plugin)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_plugins(sub, _KUBECTL_COMMANDS)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """``kubectl-mcp_epoch``: kubectl finds it on PATH and runs it as ``kubectl mcp-epoch``."""
+    args = build_kubectl_parser().parse_args(argv)
     result: int = args.func(args)
     return result
 

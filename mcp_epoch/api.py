@@ -163,6 +163,30 @@ class RingReport(_Strict):
     )
 
 
+class DrainReport(_Strict):
+    """How a process's drain ended, sent by the process just before it exits. The service
+    counts it (``epochsvc_drains_total``): the process's own ``/metrics`` leave with it."""
+
+    deadline: bool = Field(description="the drain deadline passed with calls still in flight")
+    in_flight: JsonInt = Field(ge=0, description="calls in flight when the drain began")
+    abandoned: JsonInt = Field(ge=0, description="calls still in flight at its end (cut)")
+    handed: JsonInt = Field(ge=0, description="sessions handed on to a live peer")
+    kept: JsonInt = Field(ge=0, description="sessions that could not move and end here")
+    seconds: float = Field(ge=0, description="how long the drain took")
+    pod_uid: Uid | None = Field(
+        default=None,
+        description="with the shared replica token: the UID of the pod the epoch is bound to",
+    )
+
+
+class DrainRecorded(BaseModel):
+    """What the service counted a drain report as."""
+
+    namespace: str
+    server: str
+    outcome: str = Field(description="clean, or deadline")
+
+
 class RequestStateRing(BaseModel):
     """A server's request-state key ring, as its own pods load it (and no other caller)."""
 
@@ -281,6 +305,12 @@ def record_handoff(process_epoch: str, successor: str, pod_uid: str | None = Non
     return Call("record_handoff", "PUT", f"/v1/epochs/{_seg(process_epoch)}/successor", Epoch, body)
 
 
+def report_drain(process_epoch: str, report: DrainReport) -> Call[DrainRecorded]:
+    """Process ``process_epoch`` says how its drain ended, as it exits (counted, not stored)."""
+    path = f"/v1/epochs/{_seg(process_epoch)}/drain-report"
+    return Call("report_drain", "POST", path, DrainRecorded, report)
+
+
 def get_epoch(epoch: str) -> Call[EpochLookup]:
     """A pod epoch or a process epoch."""
     return Call("get_epoch", "GET", f"/v1/epochs/{_seg(epoch)}", EpochLookup)
@@ -291,23 +321,32 @@ def list_server(
 ) -> Call[EpochList]:
     """A server's epochs (tombstones included); with ``since``, a long poll that answers once
     the ledger's revision has passed it or ``wait`` seconds have gone by."""
+    path = f"/v1/servers/{_seg(namespace)}/{_seg(server)}/epochs"
+    return Call("list_server", "GET", path, EpochList, None, _since(since, wait))
+
+
+def _since(since: int | None, wait: float | None) -> list[tuple[str, str | int | float]]:
+    """A long poll's query: ``wait`` only with ``since``."""
     params: list[tuple[str, str | int | float]] = []
     if since is not None:
         params.append(("since", since))
         if wait is not None:
             params.append(("wait", wait))
-    path = f"/v1/servers/{_seg(namespace)}/{_seg(server)}/epochs"
-    return Call("list_server", "GET", path, EpochList, None, params)
+    return params
 
 
 def _ring_path(namespace: str, server: str) -> str:
     return f"/v1/servers/{_seg(namespace)}/{_seg(server)}/request-state"
 
 
-def request_state_ring(namespace: str, server: str) -> Call[RequestStateRing]:
-    """The server's key ring (made on first use); only the server's own pods may load it."""
+def request_state_ring(
+    namespace: str, server: str, since: int | None = None, wait: float | None = None
+) -> Call[RequestStateRing]:
+    """The server's key ring (made on first use); only the server's own pods may load it.
+    With ``since``, a long poll that answers once the ring's revision has passed it or
+    ``wait`` seconds have gone by."""
     path = f"{_ring_path(namespace, server)}/ring"
-    return Call("request_state_ring", "GET", path, RequestStateRing)
+    return Call("request_state_ring", "GET", path, RequestStateRing, None, _since(since, wait))
 
 
 def report_ring(process_epoch: str, revision: int) -> Call[RingHeld]:

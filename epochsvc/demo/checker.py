@@ -93,6 +93,11 @@ class CallCheck:
     #: gone, so the call fails with it. ``"POST"`` or ``"GET"``, else empty.
     session_refused: str = ""
     reconnects: list[Reconnect] = field(default_factory=list)
+    #: When the client started the call and when its wait for the answer ended, on the
+    #: client's monotonic clock (the checker reads no clock; the client stamps both): what
+    #: the report's timeline bins. ``ended_at`` stays ``None`` for a call still pending.
+    started_at: float | None = None
+    ended_at: float | None = None
     _open: Reconnect | None = None
 
     @property

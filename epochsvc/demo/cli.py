@@ -20,8 +20,9 @@ from typing import Any
 EPILOG = (
     "Fleets: naive (counter IDs, adopts unknown sessions), sticky (the SDK with its example "
     "in-memory store behind session affinity, plain SDK clients), plain (mcp-epoch servers, "
-    "plain SDK clients), epoch (mcp-epoch servers and EpochClient). Exit status 0 when every "
-    "fleet that ran meets its targets (see docs/demo.md); 1 otherwise."
+    "plain SDK clients), epoch (mcp-epoch servers and EpochClient), sidecar (TypeScript SDK "
+    "servers behind the mcp-epoch sidecar, EpochClient). Exit status 0 when every fleet that "
+    "ran meets its targets (see docs/demo.md); 1 otherwise."
 )
 
 
@@ -63,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workdir", type=Path, help="keep ledger and process logs here (default: a temp dir)"
     )
+    parser.add_argument(
+        "--report",
+        metavar="DIR",
+        type=Path,
+        help="write the timeline of every fleet (PNGs) and one self-contained HTML page with "
+        "them and the table into DIR (needs matplotlib: pip install 'mcp-epoch[report]')",
+    )
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -101,6 +109,14 @@ def run(args: argparse.Namespace) -> int:
     if args.clients < 1 or args.replicas < 1 or args.duration <= 0:
         print("mcp-epoch demo: clients, replicas and duration must be positive", file=sys.stderr)
         return 2
+    if args.report is not None:
+        from epochsvc.demo.report_page import ReportUnavailable, require_plotting
+
+        try:
+            require_plotting()  # before minutes of fleets, not after
+        except ReportUnavailable as exc:
+            print(f"mcp-epoch demo: {exc}", file=sys.stderr)
+            return 2
     # The SDK logs every reconnect at INFO; the demo reports its own figures instead.
     warnings.filterwarnings("ignore", message=".*removed as of 2026-07-28")
     logging.basicConfig(level=logging.ERROR)
@@ -148,6 +164,16 @@ def run(args: argparse.Namespace) -> int:
             log(f"FAILED: {line}")
     else:
         log("OK: " + report.success_line({f.kind for f in results}))
+    if args.report is not None:
+        from epochsvc.demo.report_page import write_report
+
+        setup = (
+            f"{cfg.clients} clients, {cfg.replicas} replicas per fleet, ~{cfg.duration:g}s of "
+            f"traffic per fleet, {cfg.policy} routing, random drops every ~{cfg.drop_every:g}s "
+            f"per client, seed {cfg.seed}" + ("" if cfg.deploy else ", no deploy (baseline)")
+        )
+        page = write_report(args.report, results, failed, setup)
+        log(f"report: {page.resolve()}")
     log(f"total {time.monotonic() - t0:.1f}s")
     if args.json:
         config = {**asdict(cfg), "fleets": fleets}

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,10 @@ class ClientResult:
     errors: list[str] = field(default_factory=list)
     #: Every ``Mcp-Resumption-Rejected`` reason this client was answered with.
     reasons: dict[str, int] = field(default_factory=dict)
+    #: When (monotonic) each of those rejections arrived, and each response that came through
+    #: a forward to the session's owner (``Mcp-Epoch-Forwarded-By``): the report's timeline.
+    rejected_at: list[float] = field(default_factory=list)
+    forwarded_at: list[float] = field(default_factory=list)
 
 
 class DemoClient(abc.ABC):
@@ -118,8 +123,12 @@ class DemoClient(abc.ABC):
         the one the replica names (``X-Demo-Replica``; a forwarded answer carries its owner's
         name), else the balancer's choice."""
         reason = response.headers.get(REJECTED_HEADER)
+        forwarded = FORWARDED_BY_HEADER in response.headers
         if response.status_code == 404 and reason:
             self.result.reasons[reason] = self.result.reasons.get(reason, 0) + 1
+            self.result.rejected_at.append(time.monotonic())
+        if forwarded:
+            self.result.forwarded_at.append(time.monotonic())
         call = self._current
         if call is None or session != self._current_session:
             return
@@ -129,7 +138,6 @@ class DemoClient(abc.ABC):
             or response.headers.get(REPLICA_HEADER)
             or response.headers.get(BACKEND_HEADER)
         )
-        forwarded = FORWARDED_BY_HEADER in response.headers
         if request.method == "POST" and b'"tools/call"' in request.content:
             ctype = response.headers.get("content-type", "")
             if ctype.startswith("text/event-stream"):
@@ -155,6 +163,7 @@ class DemoClient(abc.ABC):
         self._calls += 1
         uid = f"{self.name}s{session}"
         call = CallCheck(uid, f"k{self._calls}", self.shape.steps, self.shape.asks)
+        call.started_at = time.monotonic()
         self.result.calls.append(call)
         self._current, self._current_session, self._stream_origin = call, session, None
         args = {
@@ -166,6 +175,16 @@ class DemoClient(abc.ABC):
             "close_every": self.shape.close_every,
         }
         return call, args
+
+    async def _answer(
+        self, call: CallCheck, answer: Awaitable[types.CallToolResult]
+    ) -> types.CallToolResult:
+        """The call's answer within its deadline. Whatever ends the wait (the answer, an
+        error, the deadline, a cancelled session) stamps the call's end for the timeline."""
+        try:
+            return await asyncio.wait_for(answer, self.shape.deadline)
+        finally:
+            call.ended_at = time.monotonic()
 
     @staticmethod
     def _progress(call: CallCheck) -> ProgressFnT:
@@ -228,9 +247,8 @@ class NaiveClient(DemoClient):
             while not self.stop.is_set():
                 call, args = self._new_call(session)
                 try:
-                    result = await asyncio.wait_for(
-                        client.call_tool("work", args, progress_callback=self._progress(call)),
-                        self.shape.deadline,
+                    result = await self._answer(
+                        call, client.call_tool("work", args, progress_callback=self._progress(call))
                     )
                 except TimeoutError:
                     call.finish("hung")
@@ -279,9 +297,8 @@ class EpochDemoClient(DemoClient):
                 session = ec.session_number
                 call, args = self._new_call(session)
                 try:
-                    result = await asyncio.wait_for(
-                        ec.call_tool("work", args, progress_callback=self._progress(call)),
-                        self.shape.deadline,
+                    result = await self._answer(
+                        call, ec.call_tool("work", args, progress_callback=self._progress(call))
                     )
                 except ResumptionRejected:
                     call.finish("rejected")

@@ -62,6 +62,13 @@ class Replica:
     counters: dict[str, float] = field(default_factory=dict)
     #: Stopped when the scenario ended, not by the deploy: its drain is not the deploy's.
     at_teardown: bool = False
+    #: Its life on the driver's monotonic clock, for the report's timeline (``None``: this
+    #: driver does not know): started (process or pod created), serving (joined the
+    #: rotation), retiring (the deploy took it out: drain, leave the rotation, stop), exited.
+    started_at: float | None = None
+    ready_at: float | None = None
+    retiring_at: float | None = None
+    exited_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,7 @@ class LocalProcessFleet(FleetDriver):
     # --- one replica ----------------------------------------------------------------------
 
     async def _launch(self) -> Replica:
+        started = time.monotonic()
         self._counter += 1
         name = f"{self.kind}-r{self._counter}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_")}
@@ -203,17 +211,19 @@ class LocalProcessFleet(FleetDriver):
             raise RuntimeError(f"replica {name} exited at start; see {log}")
         info = json.loads(line)
         backend = Backend(name, "127.0.0.1", int(info["port"]))
-        rep = Replica(backend, epoch, info["epoch"], proc)
+        rep = Replica(backend, epoch, info["epoch"], proc, started_at=started)
         self._all.append(rep)
         await _wait_serving(rep.backend)
         if epoch and self._ops is not None:
             # As the operator does once the pod has an IP: the ledger learns where it serves.
             await self._ops.send(api.bind(epoch, name, uid, f"{backend.host}:{backend.port}"))
+        rep.ready_at = time.monotonic()  # its caller adds it to the rotation now
         return rep
 
     async def _retire(self, rep: Replica) -> None:
         """The pod is deleted: the operator drains its epoch, the balancer drops it and the
         kubelet stops it, the last two concurrently; once it is gone the epoch is retired."""
+        rep.retiring_at = time.monotonic()
         epoch = rep.epoch
         if epoch and self._ops is not None:
             await self._ops.send(api.drain(epoch))
@@ -243,7 +253,8 @@ class LocalProcessFleet(FleetDriver):
             rep.killed = True
             proc.kill()
             await asyncio.to_thread(proc.wait)
-        rep.stop_seconds = time.monotonic() - began
+        rep.exited_at = time.monotonic()
+        rep.stop_seconds = rep.exited_at - began
         if proc.stdout is not None:
             rep.drain = drain_report(await asyncio.to_thread(proc.stdout.read))
             proc.stdout.close()

@@ -9,7 +9,7 @@ scenario, shows the failures (otherwise the scenario was too gentle to tell them
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from epochsvc.demo.scenario import FLEETS, FleetResult
 
@@ -82,16 +82,48 @@ def _reasons(reasons: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "-"
 
 
-def table(fleets: list[FleetResult]) -> str:
+def cells(fleets: list[FleetResult]) -> list[list[str]]:
+    """The side-by-side table as text cells: a header row (the fleets' titles), then one row
+    per :data:`ROWS` entry. Both the printed table and the HTML report's come from here."""
     head = ["", *(FLEETS[f.kind].title for f in fleets)]
-    rows = [head] + [[label, *(str(get(f)) for f in fleets)] for label, get in ROWS]
+    return [head] + [[label, *(str(get(f)) for f in fleets)] for label, get in ROWS]
+
+
+def _n(count: int, what: str) -> str:
+    return f"{count} {what}" if count == 1 else f"{count} {what}s"
+
+
+Tone = Literal["bad", "warn", "good"]
+
+
+def headline(f: FleetResult) -> tuple[str, Tone]:
+    """One line that says how the fleet came out (the pictures' titles), and its tone: ``bad``
+    when users got foreign or missing events or hung calls, ``warn`` when the only damage is
+    duplicated events (the plain SDK client replays what it had when it resumes from the
+    cursor its stream opened with; no server can prevent that), ``good`` otherwise."""
+    t = f.tally
+    corrupted = _n(t.corrupted_sessions, "corrupted session")
+    tone: Tone = "bad" if t.foreign or t.missing or t.hung else "good"
+    if tone == "good" and t.corrupted_sessions:
+        tone = "warn"
+        corrupted += " (duplicates only)"
+    text = (
+        f"{FLEETS[f.kind].title}: {corrupted}, {_n(t.hung, 'hung call')}, "
+        f"{f.completion_pct:.1f}% of {t.calls} calls completed"
+    )
+    return text, tone
+
+
+def table(fleets: list[FleetResult]) -> str:
+    rows = cells(fleets)
+    head = rows[0]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = []
     for n, r in enumerate(rows):
-        cells = [r[0].ljust(widths[0])] + [
+        line = [r[0].ljust(widths[0])] + [
             c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
         ]
-        lines.append("  ".join(cells).rstrip())
+        lines.append("  ".join(line).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

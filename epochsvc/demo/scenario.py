@@ -33,6 +33,8 @@ from epochsvc.demo.client import (
 )
 from epochsvc.demo.fleet import EPOCH_KINDS, FleetDriver, Kind, LocalProcessFleet, Replica
 from epochsvc.demo.service import EpochService
+from epochsvc.demo.timeline import Timeline, build_timeline
+from epochsvc.demo.timeline import summary as timeline_summary
 
 DriverFactory = Callable[[Kind, Balancer], FleetDriver]
 Log = Callable[[str], None]
@@ -101,6 +103,8 @@ class FleetResult:
     #: Drains that ran to their deadline, and what held each (request id, running/answered).
     deadline_drains: int = 0
     held_by: list[str] = field(default_factory=list)
+    #: What happened when: the report's pictures (binned per second in :meth:`as_dict`).
+    timeline: Timeline = field(default_factory=Timeline)
 
     @property
     def completion_pct(self) -> float:
@@ -156,6 +160,7 @@ class FleetResult:
             "replicas": self.replicas,
             "seconds": round(self.seconds, 1),
             "client_errors": self.errors[:5],
+            "timeline": timeline_summary(self.timeline),
         }
 
 
@@ -206,6 +211,7 @@ async def run_fleet(
         clients = [
             make_client(spec.clients, i, lb.url, cfg.shape, stop) for i in range(cfg.clients)
         ]
+        origin = time.monotonic()  # the timeline's 0 s: the first client starts
         tasks = []
         for c in clients:
             tasks.append(asyncio.create_task(c.run()))
@@ -214,12 +220,16 @@ async def run_fleet(
         log(f"  {cfg.clients} clients running; random drops every ~{cfg.drop_every:g}s per client")
         chaos = asyncio.create_task(_chaos(lb, clients, cfg, t0))
         await asyncio.sleep(max(0.0, t0 + cfg.warm - time.monotonic()))
+        deploy: tuple[float, float] | None = None
         if cfg.deploy:
             log("  rolling deploy: replacing every replica, one at a time")
+            began = time.monotonic()
             await driver.rolling_deploy(cfg.deploy_pause)
+            deploy = (began, time.monotonic())
         end = max(t0 + cfg.duration, time.monotonic() + cfg.cool)
         await asyncio.sleep(max(0.0, end - time.monotonic()))
         stop.set()
+        stopped = time.monotonic()
         chaos.cancel()
         log(f"  traffic stopped; waiting up to {cfg.shape.deadline:.0f}s for calls in flight")
         done, pending = await asyncio.wait(tasks, timeout=cfg.shape.deadline + 15)
@@ -229,21 +239,28 @@ async def run_fleet(
         errors = [repr(t.exception()) for t in done if t.exception()]
         if pending:
             errors.append(f"{len(pending)} clients did not finish")
+        ended = time.monotonic()
     finally:
         stop.set()
         await driver.close()
         await lb.stop()
     if dump is not None:
-        _dump(dump, results, errors)
-    return _fold(kind, results, errors, lb, driver.replicas(), time.monotonic() - t_start)
+        _dump(dump, results, errors, origin)
+    replicas = driver.replicas()
+    tl = build_timeline(origin, results, replicas, deploy=deploy, stopped=stopped, ended=ended)
+    return _fold(kind, results, errors, lb, replicas, time.monotonic() - t_start, tl)
 
 
-def _dump(path: Path, results: list[ClientResult], errors: list[str]) -> None:
+def _dump(path: Path, results: list[ClientResult], errors: list[str], origin: float) -> None:
+    """Times in the dump are seconds from the traffic start, as in the timeline."""
     with path.open("w") as out:
         for r in results:
             for c in r.calls:
                 if c.outcome != "completed" or not c.clean:
                     row = {k: v for k, v in asdict(c).items() if not k.startswith("_")}
+                    for key in ("started_at", "ended_at"):
+                        if row[key] is not None:
+                            row[key] = round(row[key] - origin, 3)
                     out.write(json.dumps({"client": r.client, **row}) + "\n")
             for e in r.errors:
                 out.write(json.dumps({"client": r.client, "error": e}) + "\n")
@@ -276,6 +293,7 @@ def _fold(
     lb: Balancer,
     replicas: list[Replica],
     seconds: float,
+    tl: Timeline,
 ) -> FleetResult:
     # Drains are the deploy's: not those of the replicas stopped when the scenario ended.
     deployed = [r for r in replicas if not r.at_teardown]
@@ -328,6 +346,7 @@ def _fold(
             for r in deployed
             if r.drain.get("held_by")
         ],
+        timeline=tl,
     )
 
 

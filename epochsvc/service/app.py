@@ -20,7 +20,7 @@ from epochsvc.service.held import HeldPolls
 from epochsvc.service.identity import SA_PREFIX, ApiServer, TokenReviewer
 from epochsvc.service.limits import BodyLimit
 from epochsvc.service.listings import RenderedLists
-from epochsvc.service.longpoll import ChangeNotifier
+from epochsvc.service.longpoll import ChangeNotifier, ring_revision, ring_revisions
 from epochsvc.service.metrics import Metrics, ObserveLatency
 from epochsvc.service.routers import epochs, health, request_state, servers
 from epochsvc.service.settings import Settings
@@ -113,14 +113,23 @@ def create_app(
         app.state.access = Access(app.state.store)
         await app.state.store.attach()
         sweeper = asyncio.create_task(_sweep_forever(app), name="epochsvc-sweeper")
-        catch_up = asyncio.create_task(
-            app.state.notifier.catch_up(app.state.store, settings.poll_interval_seconds),
-            name="epochsvc-longpoll-catch-up",
-        )
+        # What no notification of this process announces (another service process's write
+        # on PostgreSQL, when its notification was lost; any ring change of another process)
+        # is found by the catch-up within ``poll_interval_seconds``.
+        catch_ups = [
+            asyncio.create_task(
+                notifier.catch_up(app.state.store, settings.poll_interval_seconds),
+                name=f"epochsvc-longpoll-catch-up-{kind}",
+            )
+            for kind, notifier in (
+                ("epochs", app.state.notifier),
+                ("ring", app.state.ring_notifier),
+            )
+        ]
         try:
             yield
         finally:
-            for task in (sweeper, catch_up):
+            for task in (sweeper, *catch_ups):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -137,9 +146,10 @@ def create_app(
     app.state.settings = settings
     app.state.auth = auth
     app.state.notifier = ChangeNotifier()
+    app.state.ring_notifier = ChangeNotifier(ring_revision, ring_revisions)
     app.state.lists = RenderedLists()
     app.state.metrics = Metrics()
-    install_error_handlers(app)
+    install_error_handlers(app, on_store_down=lambda: app.state.metrics.store_answered(False))
     # Refuses oversized bodies, declared or streamed, before anything parses them.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     for module in (epochs, servers, request_state, health):

@@ -43,6 +43,11 @@ async def get_notifier(request: Request) -> ChangeNotifier:
     return notifier
 
 
+async def get_ring_notifier(request: Request) -> ChangeNotifier:
+    notifier: ChangeNotifier = request.app.state.ring_notifier
+    return notifier
+
+
 async def get_lists(request: Request) -> RenderedLists:
     lists: RenderedLists = request.app.state.lists
     return lists
@@ -62,6 +67,7 @@ Store = Annotated[EpochStore, Depends(get_store)]
 Rules = Annotated[Access, Depends(get_access)]
 Config = Annotated[Settings, Depends(get_settings)]
 Notifier = Annotated[ChangeNotifier, Depends(get_notifier)]
+RingNotifier = Annotated[ChangeNotifier, Depends(get_ring_notifier)]
 Lists = Annotated[RenderedLists, Depends(get_lists)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -74,7 +74,7 @@ class _OutageLog:
             self._last, self._since = now, 0
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, on_store_down: Callable[[], None] | None = None) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.code, exc.message, exc.headers)
@@ -117,6 +117,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StoreUnavailable)
     async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
         outage.refused(exc)
+        if on_store_down is not None:
+            on_store_down()
         return error_response(
             503,
             "store-unavailable",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from epochsvc.service.store.base import EpochStore, StoreUnavailable
 
@@ -33,6 +33,35 @@ Key = tuple[str, str]
 #: loop reads its sockets, so ``/healthz`` and every other request interleave with a wake of
 #: thousands instead of queueing behind all of them.
 WAKE_BATCH = 256
+
+
+#: The newest revision of what a key's waiters wait for, and the newest revision there is
+#: (a caller's ``since`` above it came from another ledger): for a server's epochs, the
+#: server's and the ledger's revisions.
+RevisionOf = Callable[[EpochStore, str, str], Awaitable[tuple[int, int]]]
+
+
+async def epochs_revision(store: EpochStore, namespace: str, server: str) -> tuple[int, int]:
+    return await store.server_revision(namespace, server)
+
+
+#: The newest revisions of many keys at once, for a catch-up pass (None: one read per key).
+RevisionsOf = Callable[[EpochStore, list[tuple[str, str]]], Awaitable[dict[tuple[str, str], int]]]
+
+
+async def ring_revision(store: EpochStore, namespace: str, server: str) -> tuple[int, int]:
+    """A server's request-state ring: its revision is its own (0 before it is made)."""
+    revision = await store.ring_revision(namespace, server)
+    return revision, revision
+
+
+async def ring_revisions(
+    store: EpochStore, keys: list[tuple[str, str]]
+) -> dict[tuple[str, str], int]:
+    """The rings' revisions live in the database only: one statement per catch-up pass, not
+    one per server with waiters."""
+    every = await store.ring_revisions()
+    return {key: every.get(key, 0) for key in keys}
 
 
 #: What wakes a waiter: the notification's number and the server's revision it announced
@@ -73,7 +102,15 @@ class _Wake:
 
 
 class ChangeNotifier:
-    def __init__(self) -> None:
+    """The waiters of every server for one kind of change: a server's epochs (the default),
+    or its request-state ring (``revision_of=ring_revision``), each kind with its own
+    notifications so that neither wakes the other's waiters."""
+
+    def __init__(
+        self, revision_of: RevisionOf = epochs_revision, revisions_of: RevisionsOf | None = None
+    ) -> None:
+        self._revision_of = revision_of
+        self._revisions_of = revisions_of
         self._events: dict[Key, _Wake] = {}
         self._firing: set[asyncio.Task[None]] = set()
         self._waiting: dict[Key, int] = {}
@@ -111,8 +148,12 @@ class ChangeNotifier:
     async def catch_up_once(self, store: EpochStore) -> int:
         """One pass of the safety net; returns how many servers it had to wake."""
         woken = 0
-        for key in list(self._waiting):
-            newest, _ = await store.server_revision(*key)
+        keys = list(self._waiting)
+        if self._revisions_of is not None:
+            readings = await self._revisions_of(store, keys) if keys else {}
+        else:
+            readings = {key: (await self._revision_of(store, *key))[0] for key in keys}
+        for key, newest in readings.items():
             if self._seen.get(key) != newest:
                 if key in self._seen:
                     woken += 1
@@ -159,10 +200,14 @@ class ChangeNotifier:
                     wake = self._events[key] = _Wake()
                 woken = wake.add()
                 try:
-                    newest, ledger = await store.server_revision(namespace, server)
+                    newest, ledger = await self._revision_of(store, namespace, server)
                     # since > ledger: the caller's copy came from another (replaced) ledger.
                     if newest > since or since > ledger or self.closed:
                         return woken_by
+                    # The catch-up's baseline is what the waiters saw, not its own first
+                    # reading: a change made between this look and that reading would
+                    # otherwise become the baseline, and never wake anyone.
+                    self._seen.setdefault(key, newest)
                     if not held:
                         held = True
                         self.waiters += 1

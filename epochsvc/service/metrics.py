@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from epochsvc.service.store.base import CommitStats, EpochStore
+from epochsvc.service.store.base import CommitStats, EpochStore, StoreUnavailable
 
 
 class Metrics:
@@ -45,14 +45,48 @@ class Metrics:
         self.waiters = Gauge(
             "epochsvc_longpoll_waiters", "Long polls currently held", registry=self.registry
         )
+        self.store_up = Gauge(
+            "epochsvc_store_up",
+            "1 if the ledger's store answered the last look (each scrape queries it, /readyz "
+            "pings it), 0 if not; a request the store fails sets 0 at once",
+            registry=self.registry,
+        )
+        self.store_unavailable = Counter(
+            "epochsvc_store_unavailable",
+            "Requests answered 503 store-unavailable: the ledger's store did not answer",
+            registry=self.registry,
+        )
+        self.drains = Counter(
+            "epochsvc_drains",
+            "Drains of MCP server processes, as each reported it before exiting, by outcome: "
+            "clean, or deadline (calls still in flight were cut)",
+            ["namespace", "server", "outcome"],
+            registry=self.registry,
+        )
         self.commits = _CommitCounters()
         self.registry.register(self.commits)
 
+    def store_answered(self, up: bool) -> None:
+        """What the service just learnt of its store; a 503 it causes is counted too."""
+        self.store_up.set(int(up))
+        if not up:
+            self.store_unavailable.inc()
+
     async def render(self, store: EpochStore, waiters: int) -> bytes:
+        """The exposition. A store that does not answer leaves the epochs by state out and
+        says so in ``epochsvc_store_up``: the scrape itself still succeeds, so the outage is
+        seen as what it is, not as the service being down."""
         self.waiters.set(waiters)
         self.commits.stats = store.commit_stats()
         self.epochs.clear()
-        for namespace, server, state, count in await store.state_counts():
+        try:
+            counts = await store.state_counts()
+        except StoreUnavailable:
+            self.store_up.set(0)
+            counts = []
+        else:
+            self.store_up.set(1)
+        for namespace, server, state, count in counts:
             self.epochs.labels(namespace, server, state).set(count)
         return generate_latest(self.registry)
 

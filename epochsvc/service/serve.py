@@ -28,7 +28,7 @@ class _AnnouncingServer(uvicorn.Server):
     it shuts the app down, and a long poll would hold it for its whole wait)."""
 
     announce = ""
-    notifier: ChangeNotifier | None = None
+    notifiers: tuple[ChangeNotifier, ...] = ()
     _loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -38,8 +38,9 @@ class _AnnouncingServer(uvicorn.Server):
             print(self.announce, flush=True)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._loop is not None and self.notifier is not None:
-            self._loop.call_soon_threadsafe(self.notifier.close)
+        if self._loop is not None:
+            for notifier in self.notifiers:
+                self._loop.call_soon_threadsafe(notifier.close)
         super().handle_exit(sig, frame)
 
 
@@ -127,7 +128,7 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
         backlog=LISTEN_BACKLOG,
     )
     server = _AnnouncingServer(config)
-    server.notifier = app.state.notifier
+    server.notifiers = (app.state.notifier, app.state.ring_notifier)
     server.announce = (
         f"epoch service listening on http://{url_host}:{bound_port} "
         f"(ledger {store.ledger_id[:8]} in {describe_url(settings.database_url)}); "

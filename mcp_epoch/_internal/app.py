@@ -27,9 +27,11 @@ from typing import Any
 
 import anyio
 
+from mcp_epoch import api
 from mcp_epoch._internal import inprocess, unfinished
 from mcp_epoch._internal.adopt import Adopter
 from mcp_epoch._internal.config import ReplicaConfig
+from mcp_epoch._internal.drainreport import report_drain
 from mcp_epoch._internal.guard import (
     ASGIApp,
     Message,
@@ -285,7 +287,22 @@ class EpochSafeApp:
                 waiting,
                 result.handed,
             )
+        await self._report_drain(result)
         return result
+
+    async def _report_drain(self, result: DrainResult) -> None:
+        """Tell the epoch service how the drain ended (what Prometheus sees of it)."""
+        start = self.process_start
+        report = api.DrainReport(
+            deadline=result.hit_deadline,
+            in_flight=result.in_flight,
+            abandoned=result.abandoned,
+            handed=result.handed,
+            kept=result.kept,
+            seconds=round(result.seconds, 3),
+        )
+        registered = start.epoch if start is not None and start.registered else None
+        await report_drain(self.config, registered, report)
 
     def drain_report(self) -> dict[str, Any]:
         """What the last drain did, and the handoff counters since start, as one JSON-able

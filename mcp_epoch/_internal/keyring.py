@@ -17,10 +17,13 @@ from __future__ import annotations
 import base64
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import httpx
 
 from mcp_epoch import api
 from mcp_epoch._internal.config import ReplicaConfig
@@ -38,6 +41,8 @@ log = logging.getLogger("mcp_epoch.request_state")
 
 #: The SDK's state TTL, until the ring says otherwise.
 SDK_DEFAULT_TTL = 600.0
+#: How long one long poll on the ring is held (the live view's own wait).
+RING_WAIT_SECONDS = 25.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +125,24 @@ class RingFollower:
         while self._sync(client):
             pass
 
-    def _sync(self, client: SyncEpochServiceClient) -> bool:
+    def follow_once(self, client: SyncEpochServiceClient, wait: float = RING_WAIT_SECONDS) -> bool:
+        """Wait (a long poll, up to ``wait`` seconds) for a revision newer than the one held,
+        then switch to it and say so. Whether the service held the poll: an older service
+        answers at once, unchanged, and is then looked at only every refresh interval."""
+        since = self.codec.revision
+        began = time.monotonic()
+        if self._sync(client, since, wait):
+            self.sync_once(client)
+        return self.codec.revision != since or time.monotonic() - began >= wait / 2
+
+    def _sync(
+        self, client: SyncEpochServiceClient, since: int | None = None, wait: float | None = None
+    ) -> bool:
         """Load, switch, report; whether the ring is already newer than what was reported."""
         assert self.config.namespace and self.config.server
-        ring = client.send(api.request_state_ring(self.config.namespace, self.config.server))
+        ring = client.send(
+            api.request_state_ring(self.config.namespace, self.config.server, since, wait)
+        )
         if ring.revision != self.codec.revision:
             keys = [base64.b64decode(k) for k in ring.keys]
             self.codec.install(ring.revision, keys)
@@ -146,7 +165,9 @@ class RingFollower:
         if self._thread is not None or not self.enabled:
             return
         self.attach(process, registered)
-        self._thread = threading.Thread(target=self._run, name="mcp-epoch-ring", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(self._stop,), name="mcp-epoch-ring", daemon=True
+        )
         self._thread.start()
 
     def attach(self, process: ProcessEpoch | None, registered: bool) -> None:
@@ -167,12 +188,20 @@ class RingFollower:
     def loaded(self) -> bool:
         return self._loaded.is_set()
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         assert self.config.service_url
-        with SyncEpochServiceClient(self.config.service_url, self.config.credential) as client:
-            while not self._stop.is_set():
+        timeout = httpx.Timeout(10.0, read=RING_WAIT_SECONDS + 10.0)
+        with SyncEpochServiceClient(
+            self.config.service_url, self.config.credential, timeout=timeout
+        ) as client:
+            while not stop.is_set():
+                pause = self.config.ring_refresh_seconds
                 try:
-                    self.sync_once(client)
+                    if not self._loaded.is_set():
+                        self.sync_once(client)
+                        pause = 0.0  # loaded: follow from now on
+                    elif self.follow_once(client):
+                        pause = 0.0  # held until a change or its wait's end: poll again
                     self.last_error = None
                 except (EpochServiceError, EpochServiceUnavailable, ValueError) as exc:
                     if self.last_error is None:
@@ -182,15 +211,18 @@ class RingFollower:
                             self.codec.revision,
                         )
                     self.last_error = str(exc)
-                # Loaded: the next look after ``refresh``; not yet: try again soon.
-                self._stop.wait(self.config.ring_refresh_seconds if self._loaded.is_set() else 0.5)
+                # Not loaded yet (a failure): try again soon. A failure once loaded, or a
+                # service that does not hold the poll: the next look after ``refresh``.
+                stop.wait(pause if self._loaded.is_set() else 0.5)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop following. A long poll under way is not waited for beyond ``timeout``: the
+        thread is a daemon, and ends at its poll's answer (its own stop event stays set)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        self._stop.clear()
+        self._stop = threading.Event()  # the next start()'s
 
     def metrics(self) -> list[str]:
         lines = [

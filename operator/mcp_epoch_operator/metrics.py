@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -93,6 +93,13 @@ class OperatorMetrics:
             buckets=WEBHOOK_BUCKETS,
             registry=self.registry,
         )
+        self.rotation_stalled = Gauge(
+            "mcp_epoch_operator_request_state_rotation_stalled",
+            "1 while a server's request-state key rotation waits on pods that do not hold its "
+            "revision for longer than the stall time, else 0.",
+            ["namespace", "server"],
+            registry=self.registry,
+        )
         self._retries = _Retries()
         self.registry.register(self._retries)
 
@@ -118,6 +125,16 @@ class OperatorMetrics:
         """One epoch service call, sent at ``began`` (``time.perf_counter()``), ended now."""
         self.service_calls.labels(call, outcome).inc()
         self.service_seconds.labels(call, outcome).observe(time.perf_counter() - began)
+
+    def ring_stalled(self, key: tuple[str, str], stalled: bool) -> None:
+        """What the last look at ``key``'s (namespace, server) ring found: an alert reads the
+        gauge, so it is set at every look, not only when the stall is announced."""
+        self.rotation_stalled.labels(*key).set(int(stalled))
+
+    def forget_server(self, key: tuple[str, str]) -> None:
+        """The server is gone: its series go too (a stalled one would otherwise alert on)."""
+        with suppress(KeyError):  # its ring was never looked at
+            self.rotation_stalled.remove(*key)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """``/metrics`` on ``addr:port`` (a daemon thread: nothing of it runs on kopf's loop)."""

@@ -183,20 +183,12 @@ async def step_ring(
                 "a new key joins; each step waits for every live pod",
             )
         elif rotation.rotating(ring):
-            before = ring.phase
             ring = await rt.svc_call(api.advance_ring(ns, name))
-            if ring.advanced and ring.phase != before:
-                done = ring.phase == "steady"
-                rt.events.post(
-                    key,
-                    "Normal",
-                    "RequestStateRotated" if done else "RequestStateRotationAdvanced",
-                    f"request-state ring revision {ring.revision}: "
-                    + ("the old key has left the ring" if done else f"{before} -> {ring.phase}"),
-                )
     except (EpochServiceUnavailable, EpochServiceError) as exc:
         log.info("request-state ring of %s/%s not readable: %s", ns, name, exc)
         return None
+    announce_step(rt, key, ring, begun)
+    rt.metrics.ring_stalled(key, rotation.stalled(ring, now))
     if rotation.stalled(ring, now) and rt.stalls.get(key) != ring.revision:
         rt.stalls[key] = ring.revision  # loud once per stalled step
         message = rotation.stall_message(ring)
@@ -206,6 +198,24 @@ async def step_ring(
     if later is not None:
         rt.mark_later(key, later)
     return ring, begun, now
+
+
+def announce_step(rt: Runtime, key: Key, ring: RingStatus, begun: rotation.Begin | None) -> None:
+    """An Event for each phase the ring has moved to since the operator last looked. The
+    service takes the steps that wait for pods itself, at the last one's report, so a step
+    shows here as a phase the operator had not seen, not as an answer to its own call."""
+    seen = rt.ring_phases.get(key)
+    rt.ring_phases[key] = ring.phase
+    if begun is not None or seen is None or seen == ring.phase:
+        return
+    done = ring.phase == "steady"
+    rt.events.post(
+        key,
+        "Normal",
+        "RequestStateRotated" if done else "RequestStateRotationAdvanced",
+        f"request-state ring revision {ring.revision}: "
+        + ("the old key has left the ring" if done else f"{seen} -> {ring.phase}"),
+    )
 
 
 async def sync_ring(

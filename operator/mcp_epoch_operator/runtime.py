@@ -60,6 +60,7 @@ class Runtime:
         self.wake = asyncio.Event()
         self.recorded: set[Key] = set()  # keys known to be in the servers ConfigMap
         self.stalls: dict[Key, int | None] = {}  # ring revision whose stall was announced
+        self.ring_phases: dict[Key, str] = {}  # the ring phase last seen, per server
         self.metrics = OperatorMetrics()
         self.metrics.follow_retries(lambda: self.svc.retries)
 
@@ -98,6 +99,7 @@ class Runtime:
         """Nothing is left of the server: no more reconciles until it shows up again."""
         self.known.discard(key)
         self.recorded.discard(key)
+        self.metrics.forget_server(key)
 
     # ------------------------------------------------------------------ the worker
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx2
+import mcp_types as types
+import pytest
 
 from epochsvc.demo.client import CallShape, EpochDemoClient
-from mcp_epoch.contract import REJECTED_HEADER
+from mcp_epoch.contract import FORWARDED_BY_HEADER, REJECTED_HEADER
 
 URL = "http://127.0.0.1:1/mcp"
 SESSION = {"mcp-session-id": "s-1"}
@@ -62,3 +65,46 @@ def test_a_refused_call_post_is_a_refusal_not_a_lost_session() -> None:
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "work"}}
     client._observe(_response(404, "POST", body, **{REJECTED_HEADER: "unknown"}), 1, True)
     assert call.refused and call.session_refused == ""
+
+
+def _answered(status: int, method: str, **headers: str) -> httpx2.Response:
+    """A response carrying ``headers`` (to a resumption GET, or a POST)."""
+    request = httpx2.Request(method, URL, headers={**SESSION, "last-event-id": "e-1"})
+    return httpx2.Response(status, request=request, headers=headers)
+
+
+def test_rejections_forwards_and_the_calls_start_are_stamped_for_the_timeline() -> None:
+    before = time.monotonic()
+    client = _client()
+    call, _ = client._new_call(1)
+    client._observe(_answered(200, "GET", **{FORWARDED_BY_HEADER: "9f2c1a7e-1.0"}), 1, False)
+    client._observe(_answered(200, "GET"), 1, False)  # served by the owner itself
+    client._observe(_answered(404, "GET", **{REJECTED_HEADER: "unknown"}), 1, True)
+    # Stamped for an older session too: the timeline counts every response the client saw.
+    client._observe(_answered(404, "POST", **{REJECTED_HEADER: "gap"}), 0, True)
+    after = time.monotonic()
+    result = client.result
+    assert result.reasons == {"unknown": 1, "gap": 1}
+    assert len(result.rejected_at) == 2 and len(result.forwarded_at) == 1
+    stamps = [call.started_at, *result.forwarded_at, *result.rejected_at]
+    assert all(t is not None and before <= t <= after for t in stamps)
+    assert result.forwarded_at[0] <= result.rejected_at[0] <= result.rejected_at[1]
+    assert call.ended_at is None  # the call's wait has not ended
+
+
+def test_the_end_of_a_calls_wait_is_stamped_however_it_ends() -> None:
+    """The deadline ends it here (a hung call); an answer or an error ends it the same way."""
+    client = EpochDemoClient(0, URL, CallShape(steps=1, interval=0.0, slack=0.05), asyncio.Event())
+    call, _ = client._new_call(1)
+
+    async def never() -> types.CallToolResult:
+        await asyncio.Event().wait()
+        raise AssertionError("the event is never set")
+
+    async def run() -> None:
+        with pytest.raises(TimeoutError):
+            await client._answer(call, never())
+
+    asyncio.run(run())
+    assert call.started_at is not None and call.ended_at is not None
+    assert call.ended_at - call.started_at >= 0.05

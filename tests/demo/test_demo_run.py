@@ -1,5 +1,5 @@
 """`mcp-epoch demo` as a real subprocess, small: the naive fleet, the library's and the sidecar's
-(TypeScript SDK servers behind it), the verdict read from its JSON."""
+(TypeScript SDK servers behind it), the verdict read from its JSON, and the report it draws."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ CLI = Path(sys.executable).with_name("mcp-epoch")
 
 def test_demo_small_run_proves_the_point(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
+    report = tmp_path / "report"
     cmd = [str(CLI), "demo", "--clients", "12", "--replicas", "3", "--duration", "8"]
     cmd += ["--seed", "3", "--fleets", "naive,epoch,sidecar", "--json", str(out)]
+    cmd += ["--report", str(report)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     print(proc.stdout)  # both fleets' table lands in the test output (pytest -s / on failure)
     print(proc.stderr[-3000:], file=sys.stderr)
@@ -47,6 +49,28 @@ def test_demo_small_run_proves_the_point(tmp_path: Path) -> None:
         print(
             f"{kind} completion of reachable calls: {fleets[kind]['completion_of_reachable_pct']}%"
         )
+        _timeline_matches_the_figures(fleets[kind], replicas=3)
+    _timeline_matches_the_figures(naive, replicas=3)
+    # The report: its page (whose path the demo prints last but one) and a picture per fleet.
+    assert f"report: {(report / 'index.html').resolve()}" in proc.stdout
+    pngs = sorted(p.name for p in report.glob("*.png"))
+    assert pngs == ["overview.png", *(f"timeline-{k}.png" for k in ("epoch", "naive", "sidecar"))]
+    assert all((report / p).stat().st_size > 10_000 for p in pngs)
+    assert "sidecar, TS servers" in (report / "index.html").read_text()
+
+
+def _timeline_matches_the_figures(fleet: dict[str, Any], replicas: int) -> None:
+    """The timeline the client and the fleet stamped holds every call the tally counted, and
+    each replacement of a replica inside the deploy's window."""
+    tl = fleet["timeline"]
+    per = tl["per_second"]
+    calls = sum(sum(per[k]) for k in ("completed", "corrupted", "failed", "hung"))
+    assert calls == fleet["calls"]
+    assert sum(per["completed"]) + sum(per["corrupted"]) == fleet["completed"]
+    assert sum(per["hung"]) == fleet["hung"]
+    start, end = tl["deploy_s"]
+    assert start == 0.0 and len(tl["replaced_s"]) == replicas
+    assert all(start <= t <= end for t in tl["replaced_s"])
 
 
 def _shows_none_of_it(epoch: dict[str, Any]) -> None:

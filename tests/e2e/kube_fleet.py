@@ -199,7 +199,14 @@ class KubernetesFleet(FleetDriver):
 
     def replicas(self) -> list[Replica]:
         return [
-            Replica(p.backend, p.env_epoch, p.process_epoch, drain=p.drain)
+            Replica(
+                p.backend,
+                p.env_epoch,
+                p.process_epoch,
+                drain=p.drain,
+                ready_at=p.started_at,
+                retiring_at=p.stopped_at,
+            )
             for p in self.runner.processes()
             if p.backend is not None
         ]

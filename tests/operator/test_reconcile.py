@@ -442,6 +442,37 @@ def test_a_pod_that_never_catches_up_stalls_the_rotation_loudly_and_keeps_the_ke
     assert stalls == ["RequestStateRotationStalled"]  # once, not once per pass
 
 
+def test_the_stalled_gauge_follows_the_rotation_and_goes_with_the_server(world: Any) -> None:
+    """``mcp_epoch_operator_request_state_rotation_stalled`` (what the alert reads): 1 while
+    a pod lags the rotation past the stall time, 0 once it catches up, and no series at all
+    once the server is gone (a stale 1 would alert forever)."""
+    rt, kube, ledger = world
+    steady = keyring.Ring(NS, "echo", 1, keyring.Phase.STEADY, (b"k" * 32,), 0.0, 0.0)
+    ledger.ring = keyring.start_rotation(steady, time.time() - 3600)  # began an hour ago
+    ledger.holding = {"echo-0": 2, "echo-1": 1}
+    kube.mcpservers[(NS, "echo")] = mcpserver("echo")
+
+    def stalled() -> float | None:
+        """The gauge's sample for team/echo, as a scrape would read it (None: no series)."""
+        (family,) = rt.metrics.rotation_stalled.collect()
+        found = [s.value for s in family.samples if s.labels == {"namespace": NS, "server": "echo"}]
+        return found[0] if found else None
+
+    async def scenario() -> None:
+        await reconcile.sync_server(rt, (NS, "echo"), reapply=False)
+        assert stalled() == 1.0
+        ledger.holding = dict.fromkeys(ledger.holding, 2)  # the laggard loads revision 2
+        await reconcile.sync_server(rt, (NS, "echo"), reapply=False)
+        assert stalled() == 0.0
+        del kube.mcpservers[(NS, "echo")]
+        ledger.epochs.clear()
+        await reconcile.sync_server(rt, (NS, "echo"), reapply=False)
+        assert stalled() is None
+        await settle(rt)
+
+    run(scenario())
+
+
 def test_a_plain_deployment_is_rotated_by_its_annotation_once_per_value(world: Any) -> None:
     rt, kube, ledger = world
     ledger.ring = keyring.Ring(NS, "plain", 1, keyring.Phase.STEADY, (b"k" * 32,), 0.0, 0.0)

@@ -24,6 +24,7 @@ from mcp_epoch.contract import (
 from tests.replica.conftest import RawSession, Sse, progress_of
 from tests.replica.replicas import NS, SERVER, Replica, replicas, slow_countdown
 from tests.support.epochsvc_proc import EpochServiceProcess
+from tests.support.metrics import sample
 
 
 def drain(r: Replica) -> None:
@@ -46,6 +47,16 @@ def metric(r: Replica, http: httpx.Client, name: str) -> float:
     return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
+def drains_counted(svc: EpochServiceProcess) -> dict[str, float | None]:
+    """The epoch service's count of this server's drains, by outcome (None: none yet)."""
+    with svc.client() as c:
+        text = c.get("/metrics").text
+    return {
+        outcome: sample(text, "epochsvc_drains_total", namespace=NS, server=SERVER, outcome=outcome)
+        for outcome in ("clean", "deadline")
+    }
+
+
 def cursors(events: list[Sse]) -> list[str]:
     return [e.id for e in events if e.id and e.message is not None]
 
@@ -61,6 +72,7 @@ def test_a_drained_process_hands_its_sessions_on_and_every_replica_routes_them(
         drain(a)  # the session is idle: it moves at once, to the newest live peer (c)
         rule = epoch_service.send(api.get_epoch(a.pod_epoch))
         assert (rule.successor, rule.successor_of) == (c.srv.epoch, 0)
+        assert drains_counted(epoch_service) == {"clean": 1.0, "deadline": None}
         # s and the probe session the fixture opened on a.
         assert metric(c, http, "mcp_epoch_sessions_adopted_total") == 2
 
@@ -215,6 +227,8 @@ def test_a_drain_that_runs_out_of_time_ends_what_it_keeps_at_once(
         assert time.monotonic() - began < 4.0
         log = (tmp_path / "a.log").read_text()
         assert "drain deadline of 1s passed" in log and "('4', False)" in log
+        # Told to the epoch service before the exit: what Prometheus sees of the drain.
+        assert drains_counted(epoch_service) == {"clean": None, "deadline": 1.0}
         assert "transport write blocked" not in log
         assert "ASGI callable returned without completing response" not in log
 

@@ -73,7 +73,7 @@ def test_the_catch_up_reads_each_server_once_and_wakes_a_change_nobody_announced
         b = [_waiter(notifier, store, "b") for _ in range(100)]
         await _yield_to_waiters()
         reads = store.reads
-        assert await notifier.catch_up_once(store) == 0  # first pass: a baseline per server
+        assert await notifier.catch_up_once(store) == 0  # nothing moved since they looked
         assert store.reads == reads + 2  # one read per server, not per waiter
         store.revisions[("ns", "a")] = 5  # changed with no notification
         assert await notifier.catch_up_once(store) == 1
@@ -83,6 +83,22 @@ def test_the_catch_up_reads_each_server_once_and_wakes_a_change_nobody_announced
         notifier.notify_server("ns", "b")
         await asyncio.wait_for(asyncio.gather(*b), 5)
         assert await notifier.catch_up_once(store) == 0 and not notifier._seen
+
+    asyncio.run(scenario())
+
+
+def test_an_unannounced_change_before_the_first_catch_up_still_wakes() -> None:
+    """The waiter looked (revision 0) and was held; another process changed the server, and
+    its notification was lost, before the catch-up first read the server. The catch-up
+    compares with what the waiter saw, so that change wakes it."""
+
+    async def scenario() -> None:
+        store, notifier = CountingStore(), ChangeNotifier()
+        waiter = _waiter(notifier, store, "a")
+        await _yield_to_waiters()
+        store.revisions[("ns", "a")] = 3  # changed with no notification
+        assert await notifier.catch_up_once(store) == 1
+        await asyncio.wait_for(waiter, 5)
 
     asyncio.run(scenario())
 

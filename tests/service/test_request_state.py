@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -13,9 +14,12 @@ from mcp_epoch import api
 from mcp_epoch._internal.config import ReplicaConfig
 from mcp_epoch._internal.keyring import RingCodec, RingFollower
 from mcp_epoch.api_client import EpochServiceError
-from mcp_epoch.contract import ProcessEpoch
+from mcp_epoch.contract import ENV_RING_REFRESH, ProcessEpoch
+from tests.cluster.harness import wait_until
 from tests.conftest import ServiceFactory
 from tests.support.epochsvc_proc import EpochServiceProcess
+from tests.support.metrics import sample
+from tests.support.postgres import PostgresServer
 
 NS, SERVER = "default", "echo"
 TTL = 0.5
@@ -129,6 +133,91 @@ def test_the_last_pods_follower_moves_on_at_its_own_report(svc: EpochServiceProc
     assert (followers[1].codec.revision, followers[1].reported) == (3, 3)
     status = svc.send(api.ring_status(NS, SERVER))
     assert (status.phase, status.revision, status.behind) == ("switching", 3, ["pod-uid-0"])
+
+
+def _held_load(svc: EpochServiceProcess, since: int, wait: float) -> Future[api.RequestStateRing]:
+    """A long poll on the ring, on a thread of its own (the caller goes on meanwhile)."""
+
+    def load() -> api.RequestStateRing:
+        with svc.api(svc.replica_token) as replica:
+            return replica.send(api.request_state_ring(NS, SERVER, since, wait))
+
+    return ThreadPoolExecutor(1).submit(load)
+
+
+def _until_held(svc: EpochServiceProcess) -> None:
+    """Until the service counts the poll as held (its first look found nothing newer)."""
+
+    def held() -> bool:
+        with svc.client() as c:
+            return sample(c.get("/metrics").text, "epochsvc_longpoll_waiters") == 1
+
+    wait_until(held, 10, "the ring poll held")
+
+
+def test_a_held_load_of_the_ring_answers_at_the_step_not_at_its_wait(
+    service_factory: ServiceFactory, database_url: str
+) -> None:
+    """Replicas hold a long poll on the ring, so they learn of a step when it is taken (by
+    the operator's rotate, or by the last pod's report), not on a timer."""
+    svc = service_factory(database_url)
+    first = load(svc)
+    assert first.revision == 1
+    # Nothing newer than ``since``: held until the wait ends, then the ring as it is.
+    began = time.monotonic()
+    unchanged = _held_load(svc, 1, 0.5).result(timeout=30)
+    assert unchanged.revision == 1 and time.monotonic() - began >= 0.5
+    # A caller behind is answered at once; a rotation wakes a caller that is up to date.
+    assert _held_load(svc, 0, 30).result(timeout=10).revision == 1
+    held = _held_load(svc, 1, 30)
+    _until_held(svc)
+    svc.send(api.rotate_ring(NS, SERVER))
+    woken = held.result(timeout=10)  # long before its 30 s wait
+    assert (woken.revision, woken.phase, len(woken.keys)) == (2, "adding", 2)
+    # The same parameters, checked as strictly as the epochs' long poll.
+    with svc.client(svc.replica_token) as raw:
+        path = f"/v1/servers/{NS}/{SERVER}/request-state/ring"
+        assert raw.get(path, params={"since": -1, "wait": 1}).status_code == 422
+        assert raw.get(path, params={"since": 1, "wait": 3601}).status_code == 422
+
+
+def test_a_step_another_service_process_takes_wakes_a_held_load(
+    service_factory: ServiceFactory, postgres: PostgresServer
+) -> None:
+    """Two service processes on one PostgreSQL: a rotation begun through one answers a ring
+    poll held by the other within its catch-up interval."""
+    url = postgres.new_database()
+    a = service_factory(url, EPOCHSVC_POLL_INTERVAL_SECONDS="0.2")
+    b = service_factory(url)
+    assert load(a).revision == 1
+    held = _held_load(a, 1, 30)
+    _until_held(a)
+    b.send(api.rotate_ring(NS, SERVER))
+    assert held.result(timeout=10).revision == 2
+
+
+def test_a_following_replica_learns_of_a_rotation_without_a_timer(
+    svc: EpochServiceProcess,
+) -> None:
+    """The library's follower thread holds a poll on the ring: with its refresh interval at an
+    hour, a rotation still reaches it, and its report steps the rotation on."""
+    pod = svc.live(NS, SERVER, "uid-0")
+    process = ProcessEpoch.parse(svc.send(api.register_incarnation(pod)).process_epoch)
+    env = {**svc.replica_env(pod, NS, SERVER), ENV_RING_REFRESH: "3600"}
+    follower = RingFollower(ReplicaConfig.from_env(env), RingCodec())
+    follower.start(process, registered=True)
+    try:
+        assert follower.wait_loaded(10) and follower.codec.revision == 1
+        wait_until(lambda: follower.reported == 1, 10, "the first report")
+        _until_held(svc)
+        svc.send(api.rotate_ring(NS, SERVER))
+        # adding (2) -> its report steps to switching (3) -> its report records switched_at.
+        wait_until(lambda: follower.reported == 3, 10, "the follower at revision 3")
+    finally:
+        follower.stop()
+    status = svc.send(api.ring_status(NS, SERVER))
+    assert (status.phase, status.revision, status.behind) == ("switching", 3, [])
+    assert status.switched_at is not None
 
 
 def test_reports_are_checked_against_the_process_and_the_ring(svc: EpochServiceProcess) -> None:

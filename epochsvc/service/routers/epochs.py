@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, Depends, Response, status
 
 from epochsvc.service.access import shown
@@ -17,11 +19,14 @@ from epochsvc.service.deps import (
     json_body,
     parse_any_epoch,
 )
+from epochsvc.service.errors import ApiError
 from epochsvc.service.lifecycle import Action, State
 from epochsvc.service.models import epoch_of, fields_of
 from epochsvc.service.store.base import UnknownEpoch
 from mcp_epoch.api import (
     BindRequest,
+    DrainRecorded,
+    DrainReport,
     Epoch,
     EpochLookup,
     ErrorBody,
@@ -31,6 +36,8 @@ from mcp_epoch.api import (
     IssueRequest,
 )
 from mcp_epoch.contract import ProcessEpoch
+
+log = logging.getLogger("epochsvc.api")
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 415, 422, 503)
@@ -159,6 +166,39 @@ async def record_handoff(
     )
     notifier.notify_server(record.namespace, record.server, record.revision)
     return epoch_of(shown(record, caller))
+
+
+@router.post("/{process_epoch}/drain-report", response_model=DrainRecorded)
+async def report_drain(
+    parsed: TargetProcessEpoch,
+    body: DrainReport,
+    store: Store,
+    rules: Rules,
+    caller: AnyCaller,
+    metrics: MetricsDep,
+) -> DrainRecorded:
+    """A draining process (its process epoch) says how its drain ended, just before it exits:
+    counted in ``epochsvc_drains_total`` by server and outcome, since the process's own
+    ``/metrics`` leave with it. Nothing is stored. A pod reports only for itself."""
+    uid = await rules.incarnation_uid(caller, body.pod_uid)
+    record = await store.get(parsed.pod.generation)
+    if uid is not None and record.pod_uid != uid:
+        raise ApiError(403, "not-your-epoch", "a pod may report only for its own epoch")
+    outcome = "deadline" if body.deadline else "clean"
+    metrics.drains.labels(record.namespace, record.server, outcome).inc()
+    if body.deadline:
+        log.warning(
+            "%s/%s: process %s hit its drain deadline after %.1fs: %d of %d calls cut, "
+            "%d sessions not handed on",
+            record.namespace,
+            record.server,
+            parsed,
+            body.seconds,
+            body.abandoned,
+            body.in_flight,
+            body.kept,
+        )
+    return DrainRecorded(namespace=record.namespace, server=record.server, outcome=outcome)
 
 
 @router.get("/{epoch}", response_model=EpochLookup)

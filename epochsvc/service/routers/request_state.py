@@ -6,20 +6,22 @@ from __future__ import annotations
 import base64
 import time
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 
 from epochsvc.service import keyring
 from epochsvc.service.auth import AnyCaller, Operator
 from epochsvc.service.deps import (
     Config,
+    RingNotifier,
     Rules,
     Store,
     TargetProcessEpoch,
     json_body,
 )
 from epochsvc.service.errors import ApiError
+from epochsvc.service.held import HeldResponse
 from epochsvc.service.keyring import Holder, Phase, Ring, RotationInProgress
-from epochsvc.service.routers.servers import NameParam
+from epochsvc.service.routers.servers import NameParam, SinceParam, WaitParam
 from mcp_epoch.api import (
     ErrorBody,
     RequestStateRing,
@@ -88,29 +90,54 @@ async def load_ring(
     rules: Rules,
     settings: Config,
     caller: AnyCaller,
-) -> RequestStateRing:
-    """The server's key ring, made on first use. Only the server's own pods may load it."""
+    notifier: RingNotifier,
+    since: SinceParam = None,
+    wait: WaitParam = 0.0,
+) -> Response:
+    """The server's key ring, made on first use. Only the server's own pods may load it. With
+    ``since`` and ``wait``, held until the ring's revision passes ``since`` or the wait ends:
+    a replica learns of a rotation's step when it is taken, instead of on a timer."""
     await rules.check_ring_read(caller, namespace, server)
-    ring = await store.ring(namespace, server, settings.request_state_ttl_seconds)
-    return RequestStateRing(
-        namespace=namespace,
-        server=server,
-        revision=ring.revision,
-        phase=ring.phase.value,
-        ttl_seconds=ring.ttl,
-        keys=[base64.b64encode(k).decode() for k in ring.keys],
-    )
+
+    async def loaded() -> bytes:
+        ring = await store.ring(namespace, server, settings.request_state_ttl_seconds)
+        body = RequestStateRing(
+            namespace=namespace,
+            server=server,
+            revision=ring.revision,
+            phase=ring.phase.value,
+            ttl_seconds=ring.ttl,
+            keys=[base64.b64encode(k).decode() for k in ring.keys],
+        )
+        return body.model_dump_json().encode()
+
+    if since is not None and wait > 0:
+        held = min(wait, settings.max_wait_seconds)
+
+        async def after_the_wait() -> bytes:
+            await notifier.wait_for_change(store, namespace, server, since, held)
+            return await loaded()
+
+        return HeldResponse(after_the_wait, media_type="application/json")
+    return Response(await loaded(), media_type="application/json")
 
 
 @router.put("/epochs/{process_epoch}/request-state", response_model=RingHeld)
 async def report_ring(
-    parsed: TargetProcessEpoch, body: RingReport, store: Store, rules: Rules, caller: AnyCaller
+    parsed: TargetProcessEpoch,
+    body: RingReport,
+    store: Store,
+    rules: Rules,
+    caller: AnyCaller,
+    notifier: RingNotifier,
 ) -> RingHeld:
     """The process (a process epoch) holds ring ``revision``: it opens with all its keys and
     seals with the first. Sent after the process switched, never before."""
     await rules.check_own_epoch(caller, parsed.pod.generation)
-    ring = await store.report_ring(parsed.pod.generation, parsed.incarnation, body.revision)
-    return RingHeld(revision=body.revision, current_revision=ring.revision)
+    step = await store.report_ring(parsed.pod.generation, parsed.incarnation, body.revision)
+    if step.advanced:
+        notifier.notify_server(step.ring.namespace, step.ring.server, step.ring.revision)
+    return RingHeld(revision=body.revision, current_revision=step.ring.revision)
 
 
 @router.get("/servers/{namespace}/{server}/request-state", response_model=RingStatus)
@@ -124,7 +151,12 @@ async def ring_status(
 
 @router.post("/servers/{namespace}/{server}/request-state/rotate", response_model=RingStatus)
 async def rotate_ring(
-    namespace: NameParam, server: NameParam, store: Store, settings: Config, _: Operator
+    namespace: NameParam,
+    server: NameParam,
+    store: Store,
+    settings: Config,
+    notifier: RingNotifier,
+    _: Operator,
 ) -> RingStatus:
     """Begin a rotation: a fresh key joins the ring (409 while a rotation is under way)."""
     ttl = settings.request_state_ttl_seconds
@@ -132,15 +164,23 @@ async def rotate_ring(
         ring, holders = await store.rotate_ring(namespace, server, ttl)
     except RotationInProgress as exc:
         raise ApiError(409, "rotation-in-progress", str(exc)) from None
+    notifier.notify_server(namespace, server, ring.revision)
     return status_of(namespace, server, ring, holders, ttl)
 
 
 @router.post("/servers/{namespace}/{server}/request-state/advance", response_model=RingStatus)
 async def advance_ring(
-    namespace: NameParam, server: NameParam, store: Store, settings: Config, _: Operator
+    namespace: NameParam,
+    server: NameParam,
+    store: Store,
+    settings: Config,
+    notifier: RingNotifier,
+    _: Operator,
 ) -> RingStatus:
     """At most one step of the rotation under way: taken only once every live pod holds the
     current revision (and, to drop the old key, one TTL after they all sealed with the new)."""
     ttl = settings.request_state_ttl_seconds
     step, holders = await store.advance_ring(namespace, server, ttl)
+    if step.advanced:
+        notifier.notify_server(namespace, server, step.ring.revision)
     return status_of(namespace, server, step.ring, holders, ttl, step)

@@ -22,6 +22,11 @@ router = APIRouter(
 )
 
 NameParam = Annotated[str, Path(pattern=rf"^{DNS1123_LABEL_PATTERN}$", max_length=63)]
+#: A long poll's two parameters, one definition for every long poll of the API.
+SinceParam = Annotated[int | None, Query(ge=0, description="a revision from an earlier answer")]
+WaitParam = Annotated[
+    float, Query(ge=0, le=3600, description="with since: hold up to this many seconds")
+]
 
 
 @router.get("/{namespace}/{server}/epochs", response_model=EpochList)
@@ -35,12 +40,8 @@ async def list_epochs(
     rules: Rules,
     caller: AnyCaller,
     state: Annotated[list[State] | None, Query(description="keep only these states")] = None,
-    since: Annotated[
-        int | None, Query(ge=0, description="a revision from an earlier answer")
-    ] = None,
-    wait: Annotated[
-        float, Query(ge=0, le=3600, description="with since: hold up to this many seconds")
-    ] = 0.0,
+    since: SinceParam = None,
+    wait: WaitParam = 0.0,
 ) -> Response:
     """All epochs of a server (tombstones too until compacted) and the ledger revision they are
     consistent with. With ``since`` and ``wait`` the answer is held until a change newer than

@@ -184,9 +184,17 @@ class EpochStore(abc.ABC):
         """The ring (``None`` if never made) and every live pod with the revision it holds."""
 
     @abc.abstractmethod
-    async def report_ring(self, generation: int, incarnation: int, revision: int) -> Ring:
+    async def ring_revision(self, namespace: str, server: str) -> int:
+        """The ring's revision (0 if never made): what a long poll on the ring compares."""
+
+    @abc.abstractmethod
+    async def ring_revisions(self) -> dict[tuple[str, str], int]:
+        """Every ring's revision, by (namespace, server), in one read."""
+
+    @abc.abstractmethod
+    async def report_ring(self, generation: int, incarnation: int, revision: int) -> Step:
         """The pod epoch's process ``incarnation`` holds ring ``revision`` now; a report that
-        leaves no live pod behind steps the rotation (the ring returned is after that step)."""
+        leaves no live pod behind steps the rotation (``advanced``; the ring is after it)."""
 
     @abc.abstractmethod
     async def rotate_ring(

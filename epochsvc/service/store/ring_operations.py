@@ -52,12 +52,19 @@ class RingOperations:
 
         return await self._read_db(read)
 
-    async def report_ring(self, generation: int, incarnation: int, revision: int) -> Ring:
+    async def ring_revision(self, namespace: str, server: str) -> int:
+        found = await self._read_db(lambda conn: rings.read(conn, namespace, server))
+        return 0 if found is None else found.revision
+
+    async def ring_revisions(self) -> dict[tuple[str, str], int]:
+        return await self._read_db(rings.revisions)
+
+    async def report_ring(self, generation: int, incarnation: int, revision: int) -> Step:
         """Record the report; the report that leaves no live pod behind takes the rotation's
         step there and then (the ring returned is the one after it). The step waits for the
         last holder, so it is taken at that holder's report, not at someone's next look."""
 
-        def op(conn: Connection) -> Ring:
+        def op(conn: Connection) -> Step:
             queries.lock_writers(conn)  # the step below: one ring, one writer at a time
             current = queries.fetch(conn, generation, self.ledger8)
             if current.incarnation != incarnation:
@@ -74,7 +81,7 @@ class RingOperations:
                 )
             now = time.time()
             rings.report(conn, generation, incarnation, revision, now)
-            return self._step(conn, ring, now)[0].ring
+            return self._step(conn, ring, now)[0]
 
         return await self._write(op)
 

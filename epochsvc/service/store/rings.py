@@ -56,6 +56,13 @@ def read(conn: Connection, namespace: str, server: str) -> Ring | None:
     return None if row is None else _ring_of(row)
 
 
+def revisions(conn: Connection) -> dict[tuple[str, str], int]:
+    """Every ring's revision, by server: one statement for a whole catch-up pass."""
+    c = rings_table.c
+    rows = conn.execute(sa.select(c.namespace, c.server, c.revision))
+    return {(row.namespace, row.server): row.revision for row in rows}
+
+
 def insert(conn: Connection, ring: Ring) -> None:
     conn.execute(
         rings_table.insert().values(namespace=ring.namespace, server=ring.server, **_values(ring))

@@ -1,0 +1,35 @@
+"""Reading a Prometheus text exposition in tests: one sample, or every series name a query
+could select."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+#: The series a family of each type exposes (the parser strips a counter's ``_total``).
+_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_count", "_sum"),
+    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+    "summary": ("", "_count", "_sum"),
+    "info": ("_info",),
+}
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of the sample ``name`` whose labels include ``labels`` (None: no such one)."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+def series_names(text: str) -> set[str]:
+    """Every series name the exposition declares, as a query names it (``x_total``,
+    ``x_bucket``...). Taken from the families, so a labelled metric with no child yet (only
+    its HELP and TYPE lines) counts too."""
+    names: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
+        names.update(s.name for s in family.samples)
+    return names
