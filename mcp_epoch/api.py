@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
@@ -179,12 +179,17 @@ class DrainReport(_Strict):
     )
 
 
+#: How a drain ended: every call finished, or the deadline cut calls still in flight.
+DrainOutcome = Literal["clean", "deadline"]
+DRAIN_OUTCOMES: tuple[DrainOutcome, ...] = ("clean", "deadline")
+
+
 class DrainRecorded(BaseModel):
     """What the service counted a drain report as."""
 
     namespace: str
     server: str
-    outcome: str = Field(description="clean, or deadline")
+    outcome: DrainOutcome = Field(description="clean, or deadline")
 
 
 class RequestStateRing(BaseModel):

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from epochsvc.service.store.base import CommitStats, EpochStore, StoreUnavailable
+from mcp_epoch.api import DRAIN_OUTCOMES
 
 
 class Metrics:
@@ -88,6 +89,11 @@ class Metrics:
             self.store_up.set(1)
         for namespace, server, state, count in counts:
             self.epochs.labels(namespace, server, state).set(count)
+            # Every server in the ledger has its drain series from 0: a counter Prometheus
+            # first sees at 1 has no increase, and the first drain that hit its deadline would
+            # never fire the alert on it.
+            for outcome in DRAIN_OUTCOMES:
+                self.drains.labels(namespace, server, outcome)
         return generate_latest(self.registry)
 
 

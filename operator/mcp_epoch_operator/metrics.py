@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Literal
+from typing import Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -72,6 +72,10 @@ class OperatorMetrics:
             buckets=WEBHOOK_BUCKETS,
             registry=self.registry,
         )
+        # Every outcome from 0: a refusal must show as an increase even when it is the first
+        # (a series first seen at 1 has none, and the alert on refusals would miss it).
+        for outcome in get_args(Admission):
+            self.webhook.labels(outcome)
         self.reconcile = Histogram(
             "mcp_epoch_operator_reconcile_seconds",
             "Time one reconcile of a server took (owned objects, ledger vs pods, status).",

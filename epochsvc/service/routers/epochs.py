@@ -25,6 +25,7 @@ from epochsvc.service.models import epoch_of, fields_of
 from epochsvc.service.store.base import UnknownEpoch
 from mcp_epoch.api import (
     BindRequest,
+    DrainOutcome,
     DrainRecorded,
     DrainReport,
     Epoch,
@@ -184,7 +185,7 @@ async def report_drain(
     record = await store.get(parsed.pod.generation)
     if uid is not None and record.pod_uid != uid:
         raise ApiError(403, "not-your-epoch", "a pod may report only for its own epoch")
-    outcome = "deadline" if body.deadline else "clean"
+    outcome: DrainOutcome = "deadline" if body.deadline else "clean"
     metrics.drains.labels(record.namespace, record.server, outcome).inc()
     if body.deadline:
         log.warning(
