@@ -370,7 +370,9 @@ class EpochSafeApp:
         """Stop following the ledger (forwards hold nothing between requests)."""
         ring = follower()
         if ring is not None:
-            await anyio.to_thread.run_sync(ring.stop)
+            # Its thread may be held in a long poll on the ring (up to its wait): not waited
+            # for beyond a moment. It is a daemon, and stops at its poll's answer.
+            await anyio.to_thread.run_sync(ring.stop, 0.2)
         if self.view is not None:
             await anyio.to_thread.run_sync(self.view.stop)
 

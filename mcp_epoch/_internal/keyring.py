@@ -215,9 +215,10 @@ class RingFollower:
                 # service that does not hold the poll: the next look after ``refresh``.
                 stop.wait(pause if self._loaded.is_set() else 0.5)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop following. A long poll under way is not waited for beyond ``timeout``: the
-        thread is a daemon, and ends at its poll's answer (its own stop event stays set)."""
+    def stop(self, timeout: float = 0.2) -> None:
+        """Stop following. A long poll under way is not waited for beyond ``timeout`` (a
+        process draining must not wait out a poll's 25 s): the thread is a daemon, and ends
+        at its poll's answer, its own stop event set."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)

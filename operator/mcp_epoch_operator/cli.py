@@ -49,6 +49,8 @@ Flags (environment fallbacks in brackets)::
                                      with nothing left in the cluster
                                      (default mcp-epoch-operator-servers)
     --resync-interval S              full ledger-vs-pods resync period (default 30)
+    --rotation-stall-seconds S       a request-state rotation step that waits this long for
+                                     the same pods is reported stalled (default 60)
     --health-endpoint URL            kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz
     --metrics-port PORT              Prometheus /metrics (webhook latency, reconciles, epoch
                                      service calls and retries)
@@ -137,6 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "refused",
     )
     parser.add_argument("--resync-interval", type=float, default=30.0)
+    parser.add_argument("--rotation-stall-seconds", type=float, default=60.0)
     parser.add_argument("--health-endpoint", help="e.g. http://0.0.0.0:8081/healthz")
     parser.add_argument(
         "--metrics-port", type=int, help="serve Prometheus /metrics on this port (all addresses)"
@@ -188,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         )
     elif args.register_webhook:
         return _fail("--register-webhook needs --webhook-port, --webhook-cert and --webhook-key")
+    if not args.rotation_stall_seconds > 0:
+        return _fail("--rotation-stall-seconds must be more than 0")
 
     secret = (
         TokenSecretRef(args.replica_token_secret, args.replica_token_secret_key)
@@ -211,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
         webhook_timeout_seconds=args.webhook_timeout_seconds,
         excluded_namespaces=list(args.exclude_namespace),
         resync_interval=args.resync_interval,
+        rotation_stall_seconds=args.rotation_stall_seconds,
         epoch_service_ca=args.epoch_service_ca,
         health_endpoint=args.health_endpoint,
         metrics_port=args.metrics_port,

@@ -43,6 +43,9 @@ class OperatorConfig:
     webhook_timeout_seconds: int = 5
     excluded_namespaces: list[str] = field(default_factory=lambda: ["kube-system"])
     resync_interval: float = 30.0
+    #: A rotation step that waits this long for the same pods is reported as stalled (a
+    #: condition, a warning Event, and the gauge the stall alert reads).
+    rotation_stall_seconds: float = 60.0
     epoch_service_ca: Path | None = None
     health_endpoint: str | None = None
     #: Where ``/metrics`` (Prometheus) is served; None: not served.

@@ -188,8 +188,9 @@ async def step_ring(
         log.info("request-state ring of %s/%s not readable: %s", ns, name, exc)
         return None
     announce_step(rt, key, ring, begun)
-    rt.metrics.ring_stalled(key, rotation.stalled(ring, now))
-    if rotation.stalled(ring, now) and rt.stalls.get(key) != ring.revision:
+    is_stalled = rotation.stalled(ring, now, rt.config.rotation_stall_seconds)
+    rt.metrics.ring_stalled(key, is_stalled)
+    if is_stalled and rt.stalls.get(key) != ring.revision:
         rt.stalls[key] = ring.revision  # loud once per stalled step
         message = rotation.stall_message(ring)
         rt.events.post(key, "Warning", "RequestStateRotationStalled", message)
@@ -234,7 +235,9 @@ async def sync_ring(
     new_status["requestState"] = rotation.build_request_state(old, ring, begun, now)
     previous = (mcps.get("status") or {}).get("conditions") or []
     generation = mcps["metadata"].get("generation")
-    cond = rotation.ring_condition(previous, ring, now, generation)
+    cond = rotation.ring_condition(
+        previous, ring, now, generation, rt.config.rotation_stall_seconds
+    )
     new_status["conditions"] = [*new_status["conditions"], cond]
 
 

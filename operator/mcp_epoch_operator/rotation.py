@@ -133,9 +133,9 @@ def build_request_state(
     return {k: v for k, v in out.items() if v is not None}
 
 
-def stalled(ring: RingStatus, now: float) -> bool:
-    """Pods behind the current step for longer than :data:`STALL_SECONDS`."""
-    return bool(ring.behind) and rotating(ring) and now - (ring.updated_at or now) > STALL_SECONDS
+def stalled(ring: RingStatus, now: float, after: float = STALL_SECONDS) -> bool:
+    """Pods behind the current step for longer than ``after`` seconds."""
+    return bool(ring.behind) and rotating(ring) and now - (ring.updated_at or now) > after
 
 
 def stall_message(ring: RingStatus) -> str:
@@ -151,9 +151,10 @@ def ring_condition(
     ring: RingStatus,
     now: float,
     generation: int | None,
+    stall_after: float = STALL_SECONDS,
 ) -> dict[str, Any]:
     at = iso_of(now)
-    if stalled(ring, now):
+    if stalled(ring, now, stall_after):
         return condition(
             previous, CONDITION, False, "RotationStalled", stall_message(ring), generation, at
         )

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from mcp_epoch import api
 from tests.cluster.harness import Cluster
 from tests.e2e.kube_fleet import KubernetesFleet
 from tests.e2e.podrunner import KubeAccess, PodProcess
@@ -36,6 +37,7 @@ NAME = "alerts-refused"
 MONITOR_NS = "mcp-epoch-system"
 REPLICA_JOB = f"{MONITOR_NS}/mcp-epoch-replicas"
 CALLS = "mcp_epoch_operator_epoch_service_calls_total"
+STALLED = "mcp_epoch_operator_request_state_rotation_stalled"
 
 HEALTHY = (
     "McpEpochServiceDown",
@@ -192,3 +194,64 @@ def test_stopping_the_service_refusing_credentials_and_the_webhook_refusing_fire
             e2e_operator.start()
     watch.scrape()
     watch.quiet("McpEpochOperatorDown", "McpEpochServiceDown")
+
+
+def test_a_rotation_that_a_pod_never_follows_fires_the_stall_alert(
+    k8s_cluster: Cluster,
+    e2e_operator: OperatorProcess,
+    e2e_service: EpochServiceProcess,
+    kube_access: KubeAccess,
+    demo_namespace: str,
+    tmp_path: Path,
+) -> None:
+    """A pod whose server seals its request state with a key of its own (``--request-state
+    ephemeral``) never loads the server's ring, so it never reports a revision: a rotation
+    begun on that server waits for it, and the operator (with its stall threshold at 1 s)
+    says so in the gauge the stall alert reads."""
+    name = "alerts-stall"
+    stall = OperatorProcess(
+        k8s_cluster,
+        e2e_service,
+        e2e_operator.port,
+        tmp_path / "operator-stall.log",
+        rotation_stall_seconds=1.0,
+    )
+    watch = AlertWatch([operator_target(stall)])
+
+    async def scenario() -> None:
+        step = asyncio.to_thread
+        fleet = KubernetesFleet(
+            "epoch",
+            Unrouted(),
+            kube_access,
+            demo_namespace,
+            tmp_path,
+            replica_token=e2e_service.replica_token,
+            name=name,
+            min_ready=1,
+            replica_args=("--request-state", "ephemeral"),
+        )
+        try:
+            await fleet.start(1)
+            await step(watch.scrape)
+            watch.quiet("McpEpochRequestStateRotationStalled")
+            begun = await step(e2e_service.send, api.rotate_ring(demo_namespace, name))
+            assert begun.phase == "adding" and len(begun.behind) == 1, begun
+            await step(
+                wait_for,
+                lambda: stall.metric(STALLED, namespace=demo_namespace, server=name) == 1,
+                60,
+                "the operator to call the rotation stalled",
+            )
+            await step(watch.scrape)
+            watch.fires("McpEpochRequestStateRotationStalled", job=OPERATOR_JOB)
+        finally:
+            await fleet.close()
+
+    e2e_operator.stop()
+    try:
+        stall.start()
+        asyncio.run(scenario())
+    finally:
+        stall.stop()
+        e2e_operator.start()

@@ -62,9 +62,11 @@ class OperatorProcess:
         port: int,
         log_path: Path,
         resync_interval: float = 2.0,
+        rotation_stall_seconds: float | None = None,
     ) -> None:
         self.cluster = cluster
         self.resync_interval = resync_interval
+        self.rotation_stall_seconds = rotation_stall_seconds
         self.service = service
         self.port = port
         self.log_path = log_path
@@ -102,6 +104,11 @@ class OperatorProcess:
             str(self.resync_interval),
             "--metrics-port",
             str(self.metrics_port),
+            *(
+                ("--rotation-stall-seconds", str(self.rotation_stall_seconds))
+                if self.rotation_stall_seconds is not None
+                else ()
+            ),
         ]
 
     def metric(self, name: str, **labels: str) -> float:

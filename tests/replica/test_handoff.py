@@ -72,7 +72,7 @@ def test_a_drained_process_hands_its_sessions_on_and_every_replica_routes_them(
         drain(a)  # the session is idle: it moves at once, to the newest live peer (c)
         rule = epoch_service.send(api.get_epoch(a.pod_epoch))
         assert (rule.successor, rule.successor_of) == (c.srv.epoch, 0)
-        assert drains_counted(epoch_service) == {"clean": 1.0, "deadline": None}
+        assert drains_counted(epoch_service) == {"clean": 1.0, "deadline": 0.0}
         # s and the probe session the fixture opened on a.
         assert metric(c, http, "mcp_epoch_sessions_adopted_total") == 2
 
@@ -228,7 +228,7 @@ def test_a_drain_that_runs_out_of_time_ends_what_it_keeps_at_once(
         log = (tmp_path / "a.log").read_text()
         assert "drain deadline of 1s passed" in log and "('4', False)" in log
         # Told to the epoch service before the exit: what Prometheus sees of the drain.
-        assert drains_counted(epoch_service) == {"clean": None, "deadline": 1.0}
+        assert drains_counted(epoch_service) == {"clean": 0.0, "deadline": 1.0}
         assert "transport write blocked" not in log
         assert "ASGI callable returned without completing response" not in log
 

@@ -213,8 +213,12 @@ def test_a_following_replica_learns_of_a_rotation_without_a_timer(
         svc.send(api.rotate_ring(NS, SERVER))
         # adding (2) -> its report steps to switching (3) -> its report records switched_at.
         wait_until(lambda: follower.reported == 3, 10, "the follower at revision 3")
+        # Its poll is held again now; stopping (as a drain does) does not wait it out.
+        _until_held(svc)
+        began = time.monotonic()
     finally:
         follower.stop()
+    assert time.monotonic() - began < 5, "stopping waited for the held poll"
     status = svc.send(api.ring_status(NS, SERVER))
     assert (status.phase, status.revision, status.behind) == ("switching", 3, [])
     assert status.switched_at is not None
