@@ -89,9 +89,10 @@ class Metrics:
             self.store_up.set(1)
         for namespace, server, state, count in counts:
             self.epochs.labels(namespace, server, state).set(count)
-            # Every server in the ledger has its drain series from 0: a counter Prometheus
-            # first sees at 1 has no increase, and the first drain that hit its deadline would
-            # never fire the alert on it.
+        # Every server in the ledger has its drain series from 0: a counter Prometheus first
+        # sees at 1 has no increase, and the first drain that hit its deadline would never
+        # fire the alert on it.
+        for namespace, server in {(ns, server) for ns, server, _, _ in counts}:
             for outcome in DRAIN_OUTCOMES:
                 self.drains.labels(namespace, server, outcome)
         return generate_latest(self.registry)

@@ -99,6 +99,8 @@ class Runtime:
         """Nothing is left of the server: no more reconciles until it shows up again."""
         self.known.discard(key)
         self.recorded.discard(key)
+        self.stalls.pop(key, None)
+        self.ring_phases.pop(key, None)  # a server made anew under the name starts unseen
         self.metrics.forget_server(key)
 
     # ------------------------------------------------------------------ the worker

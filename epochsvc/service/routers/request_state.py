@@ -21,7 +21,7 @@ from epochsvc.service.deps import (
 from epochsvc.service.errors import ApiError
 from epochsvc.service.held import HeldResponse
 from epochsvc.service.keyring import Holder, Phase, Ring, RotationInProgress
-from epochsvc.service.routers.servers import NameParam, SinceParam, WaitParam
+from epochsvc.service.routers.servers import NameParam, SinceParam, WaitParam, held_seconds
 from mcp_epoch.api import (
     ErrorBody,
     RequestStateRing,
@@ -111,8 +111,9 @@ async def load_ring(
         )
         return body.model_dump_json().encode()
 
-    if since is not None and wait > 0:
-        held = min(wait, settings.max_wait_seconds)
+    held = held_seconds(since, wait, settings)
+    if held is not None:
+        assert since is not None  # held_seconds holds only a poll with a since
 
         async def after_the_wait() -> bytes:
             await notifier.wait_for_change(store, namespace, server, since, held)

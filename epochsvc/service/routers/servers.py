@@ -12,6 +12,7 @@ from epochsvc.service.deps import Config, Lists, Notifier, Rules, Store
 from epochsvc.service.held import HeldResponse
 from epochsvc.service.lifecycle import State
 from epochsvc.service.models import epoch_of
+from epochsvc.service.settings import Settings
 from mcp_epoch.api import EpochList, ErrorBody
 from mcp_epoch.contract import DNS1123_LABEL_PATTERN
 
@@ -27,6 +28,14 @@ SinceParam = Annotated[int | None, Query(ge=0, description="a revision from an e
 WaitParam = Annotated[
     float, Query(ge=0, le=3600, description="with since: hold up to this many seconds")
 ]
+
+
+def held_seconds(since: int | None, wait: float, settings: Settings) -> float | None:
+    """How long a long poll with these parameters is held (None: it is answered at once),
+    capped by the service's ``max_wait_seconds``: one rule for every long poll."""
+    if since is None or wait <= 0:
+        return None
+    return min(wait, settings.max_wait_seconds)
 
 
 @router.get("/{namespace}/{server}/epochs", response_model=EpochList)
@@ -65,8 +74,9 @@ async def list_epochs(
 
         return lists.get(key, snapshot.revision, render)
 
-    if since is not None and wait > 0:
-        held = min(wait, settings.max_wait_seconds)
+    held = held_seconds(since, wait, settings)
+    if held is not None:
+        assert since is not None  # held_seconds holds only a poll with a since
 
         async def after_the_wait() -> bytes:
             woken_by = await notifier.wait_for_change(store, namespace, server, since, held)
