@@ -34,6 +34,8 @@ class Ratio:
     target: float
     at_most: bool
     min_rounds: int = 3
+    #: What the figures are: ``x`` for a ratio, `` ms`` for a difference in milliseconds.
+    unit: str = "x"
 
     def _meets(self, value: float) -> bool:
         return value <= self.target if self.at_most else value >= self.target
@@ -55,10 +57,13 @@ class Ratio:
 
     def line(self) -> str:
         sign = "<=" if self.at_most else ">="
+        u = self.unit
         spread = (
-            f"rounds {min(self.rounds):.2f}-{max(self.rounds):.2f}x" if self.rounds else "no rounds"
+            f"rounds {min(self.rounds):.2f}-{max(self.rounds):.2f}{u}"
+            if self.rounds
+            else "no rounds"
         )
         return (
-            f"ratio: {self.path} / {self.floor}: {self.median:.2f}x (target {sign} "
-            f"{self.target:g}x; {len(self.rounds)} rounds, {spread}): {self.verdict}"
+            f"ratio: {self.path} / {self.floor}: {self.median:.2f}{u} (target {sign} "
+            f"{self.target:g}{u}; {len(self.rounds)} rounds, {spread}): {self.verdict}"
         )

@@ -1,5 +1,5 @@
 """The admission webhook's HTTPS server: a thread, an event loop and an epoch-service client of
-its own.
+its own; the admission lease's rounds run there too.
 
 A pod create waits on this answer, so nothing else the operator does may delay it. kopf's own
 webhook server answers on the loop that also runs every watch handler and reconcile. In a
@@ -9,20 +9,31 @@ it: the operator's webhook time averaged ~250 ms around an issue call the epoch 
 answered in ~21 ms. Here the review is read, decided and answered on this thread's loop. What
 the rest of the operator learns from it (a server to reconcile, an Event to post, whether the
 service answered) goes to kopf's loop through a :class:`Sink`, and is never waited for.
+
+Epochs come from the pool of the process holding the admission lease (:mod:`.pool`,
+:mod:`.lease`). Every operator process serves the webhook; one that does not hold the lease
+relays the review, unchanged, to the holder, and waits (within the webhook's timeout) for a
+holder while there is none. A review relayed once is never relayed again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
+import os
+import secrets
+import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiohttp
 from aiohttp import web
 
 from mcp_epoch import api
@@ -30,8 +41,11 @@ from mcp_epoch.api_client import EpochServiceClient, EpochServiceError, EpochSer
 from mcp_epoch_operator import sidecar
 from mcp_epoch_operator.config import OperatorConfig, WebhookServing
 from mcp_epoch_operator.epochs import WEBHOOK_POLICY, client_for, send_counted
+from mcp_epoch_operator.kube import KubeClient
+from mcp_epoch_operator.lease import AdmissionLease
 from mcp_epoch_operator.metrics import OperatorMetrics
 from mcp_epoch_operator.names import WEBHOOK_PATH
+from mcp_epoch_operator.pool import EpochPool, PoolUnavailable
 from mcp_epoch_operator.runtime import Runtime
 from mcp_epoch_operator.webhook import (
     SKIPPED,
@@ -54,6 +68,11 @@ MAX_REVIEW_BYTES = 4 * 1024 * 1024
 CERT_CHECK_SECONDS = 10.0
 #: How long a stopping server lets admissions in flight finish (the webhook's own timeout).
 DRAIN_SECONDS = 5.0
+#: How long an admission waits for the lease's holder (or to become it) before it refuses
+#: the pod: inside the webhook's 5 s timeout, so the API server gets a clear refusal.
+HOLDER_WAIT_SECONDS = 3.5
+#: Marks a relayed review: its receiver answers it itself or refuses it, never relays it on.
+RELAYED_HEADER = "X-Mcp-Epoch-Relayed"
 
 
 class Sink(Protocol):
@@ -99,14 +118,24 @@ class Admitter:
         svc: EpochServiceClient,
         metrics: OperatorMetrics,
         sink: Sink,
+        pool: EpochPool,
+        tenure: Callable[[], int | None],
     ) -> None:
         self.config = config
         self.svc = svc
         self.metrics = metrics
         self.sink = sink
+        self.pool = pool
+        self.tenure = tenure
+
+    async def issue(self, namespace: str, server: str, request_uid: str) -> api.Epoch:
+        """One durable issue (the pool's refills), counted as every call to the service."""
+        call = api.issue(namespace, server, request_uid)
+        return await send_counted(self.svc, call, WEBHOOK_POLICY, self.metrics, self.sink.reachable)
 
     async def admit(self, request: dict[str, Any]) -> Verdict:
-        """The verdict for one ``AdmissionReview.request``."""
+        """The verdict for one ``AdmissionReview.request``; :class:`PoolUnavailable` when it
+        needs an epoch and this process does not hold the admission lease."""
         kind = (request.get("kind") or {}).get("kind", "Pod")
         if request.get("operation") != "CREATE" or kind != "Pod" or request.get("subResource"):
             return SKIPPED  # the registered rules send pod CREATEs only; allow anything else
@@ -126,11 +155,8 @@ class Admitter:
                 warnings=("mcp-epoch: dry run, so no epoch was issued for this pod",),
             )
         key = (target.namespace, target.server)
-        call = api.issue(target.namespace, target.server, target.request_uid)
         try:
-            issued = await send_counted(
-                self.svc, call, WEBHOOK_POLICY, self.metrics, self.sink.reachable
-            )
+            issued = await self.pool.take(key, target.request_uid, self.tenure)
         except EpochServiceUnavailable as exc:
             message = refusal_message(target, self.config.epoch_service_url, str(exc))
             self.sink.mark(key)
@@ -182,11 +208,19 @@ class AdmissionServer:
         config: OperatorConfig,
         metrics: OperatorMetrics,
         sink: Sink,
+        login: Callable[[], Any],
     ) -> None:
         self.serving = serving
         self.config = config
         self.metrics = metrics
         self.sink = sink
+        self.login = login
+        #: This process among the lease's candidates: unique even for two on one host.
+        self.identity = (
+            f"{os.environ.get('HOSTNAME') or socket.gethostname()}-{os.getpid()}-"
+            f"{secrets.token_hex(3)}"
+        )
+        self.lease: AdmissionLease | None = None
         self._svc: EpochServiceClient | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -238,10 +272,37 @@ class AdmissionServer:
         self._stopping = asyncio.Event()
         context = self._tls()
         self._svc = client_for(self.config)
-        admitter = Admitter(self.config, self._svc, self.metrics, self.sink)
+        kube = KubeClient(self.login)
+        lease = self.lease = AdmissionLease(
+            kube,
+            self.config.operator_namespace,
+            self.config.admission_lease,
+            self.identity,
+            self.serving.peer_address,
+            duration=self.config.admission_lease_seconds,
+        )
+
+        def tenure() -> int | None:
+            return lease.tenure if lease.holds() else None
+
+        admitter = Admitter(
+            self.config,
+            self._svc,
+            self.metrics,
+            self.sink,
+            EpochPool(
+                lambda *a: admitter.issue(*a),
+                size=self.config.epoch_pool_size,
+                max_age=self.config.epoch_pool_max_age,
+            ),
+            tenure,
+        )
+        self.metrics.lease_held.set_function(lambda: float(lease.holds()))
+        self.metrics.pooled.set_function(lambda: float(admitter.pool.pooled()))
+        relay = aiohttp.ClientSession()
 
         async def handle(request: web.Request) -> web.Response:
-            return await self._answer(admitter, request)
+            return await self._answer(admitter, relay, request)
 
         app = web.Application(client_max_size=MAX_REVIEW_BYTES)
         app.router.add_post(WEBHOOK_PATH, handle)
@@ -249,29 +310,52 @@ class AdmissionServer:
             app, handle_signals=False, access_log=None, shutdown_timeout=DRAIN_SECONDS
         )
         await runner.setup()
+        rounds: asyncio.Task[None] | None = None
         try:
-            site = web.TCPSite(
-                runner,
-                self.serving.listen,
-                self.serving.port,
-                ssl_context=context,
-                reuse_address=True,
-                reuse_port=self.serving.share_port or None,
-            )
-            await site.start()
+            for host, port, shared in self._addresses():
+                site = web.TCPSite(
+                    runner,
+                    host,
+                    port,
+                    ssl_context=context,
+                    reuse_address=True,
+                    reuse_port=shared or None,
+                )
+                await site.start()
             log.info(
-                "webhook serving https://%s:%d%s",
+                "webhook serving https://%s:%d%s (relayed admissions at %s)",
                 self.serving.listen,
                 self.serving.port,
                 WEBHOOK_PATH,
+                self.serving.peer_address,
             )
+            rounds = asyncio.create_task(lease.run(), name="mcp-epoch-admission-lease")
             self._ready.set()
             reload = asyncio.create_task(self._follow_certificate(context))
             await self._stopping.wait()
             reload.cancel()
         finally:
+            if rounds is not None:
+                rounds.cancel()
+                await asyncio.gather(rounds, return_exceptions=True)
+            await lease.release()
             await runner.cleanup()
+            await relay.close()
             await self._svc.aclose()
+            await kube.aclose()
+
+    def _addresses(self) -> list[tuple[str, int, bool]]:
+        """(host, port, shared) to listen on: the webhook's address, and the peer address
+        too when the listen address does not cover it (a shared port on loopback)."""
+        out = [(self.serving.listen, self.serving.port, self.serving.share_port)]
+        host, _, port = self.serving.peer_address.rpartition(":")
+        host = host.strip("[]")
+        covered = self.serving.listen in ("0.0.0.0", "::", host) and (
+            int(port) == self.serving.port
+        )
+        if not covered:
+            out.append((host, int(port), False))
+        return out
 
     async def _follow_certificate(self, context: ssl.SSLContext) -> None:
         """Load a rotated certificate into the live context (new connections present it).
@@ -300,10 +384,13 @@ class AdmissionServer:
             stamp = now
             log.warning("webhook certificate %s reloaded", self.serving.cert)
 
-    async def _answer(self, admitter: Admitter, request: web.Request) -> web.Response:
+    async def _answer(
+        self, admitter: Admitter, relay: aiohttp.ClientSession, request: web.Request
+    ) -> web.Response:
         began = time.perf_counter()
+        raw = await request.read()
         try:
-            review = json.loads(await request.read())
+            review = json.loads(raw)
         except ValueError as exc:  # bad JSON or not UTF-8
             return _bad_review(f"the body is not JSON ({exc})")
         if not isinstance(review, dict) or not isinstance(review.get("request"), dict):
@@ -311,15 +398,74 @@ class AdmissionServer:
         uid = review["request"].get("uid")
         if not isinstance(uid, str) or not uid:
             return _bad_review("the AdmissionReview request has no uid")
-        try:
-            verdict = await admitter.admit(review["request"])
-        except Exception:
-            log.exception("admission of request %s failed: refusing the pod", uid[:64])
-            verdict = refused(
-                500,
-                "mcp-epoch: the operator failed while admitting this pod, so it is refused "
-                "rather than run without an epoch (an operator bug: see its log, report it, "
-                "and retry the create)",
-            )
+        relayed = RELAYED_HEADER in request.headers
+        deadline = time.monotonic() + HOLDER_WAIT_SECONDS
+        while True:
+            try:
+                verdict = await admitter.admit(review["request"])
+            except PoolUnavailable:
+                pass
+            except Exception:
+                log.exception("admission of request %s failed: refusing the pod", uid[:64])
+                verdict = refused(
+                    500,
+                    "mcp-epoch: the operator failed while admitting this pod, so it is refused "
+                    "rather than run without an epoch (an operator bug: see its log, report "
+                    "it, and retry the create)",
+                )
+                break
+            else:
+                break
+            remaining = deadline - time.monotonic()
+            if relayed or remaining <= 0:
+                verdict = refused(
+                    503,
+                    "mcp-epoch: no operator process could hand out an epoch for this pod in "
+                    "time (the admission lease is moving between operator replicas; its owner "
+                    "retries the create, and `kubectl -n "
+                    f"{self.config.operator_namespace} get lease "
+                    f"{self.config.admission_lease}` shows the holder)",
+                )
+                if not relayed:
+                    self.metrics.forwarded.labels("unreachable").inc()
+                break
+            answer = await self._relay(relay, raw, remaining)
+            if answer is not None:
+                self.metrics.forwarded.labels("relayed").inc()
+                return answer
         self.metrics.admission(verdict.outcome, began)
         return web.json_response(review_response(uid, verdict))
+
+    async def _relay(
+        self, relay: aiohttp.ClientSession, raw: bytes, remaining: float
+    ) -> web.Response | None:
+        """The holder's answer to the review, or None (after waiting for the lease to move)
+        when there is no holder to ask or it cannot be reached."""
+        lease = self.lease
+        assert lease is not None
+        address = lease.holder_address
+        if address is None or address == lease.address:
+            await lease.changed(min(remaining, lease.every))
+            return None
+        try:
+            async with relay.post(
+                f"https://{address}{WEBHOOK_PATH}",
+                data=raw,
+                headers={RELAYED_HEADER: self.identity, "Content-Type": "application/json"},
+                ssl=aiohttp.Fingerprint(self._fingerprint()),
+                timeout=aiohttp.ClientTimeout(total=remaining),
+            ) as answer:
+                body = await answer.read()
+                if answer.status != 200:
+                    raise aiohttp.ClientError(f"answered {answer.status}: {body[:200]!r}")
+                return web.Response(body=body, status=200, content_type="application/json")
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.info("admission lease holder at %s not reached: %s", address, exc)
+            await lease.changed(min(max(remaining - 0.1, 0.0), lease.every))
+            return None
+
+    def _fingerprint(self) -> bytes:
+        """The SHA-256 of this process's own serving certificate: every operator replica
+        serves the same one (one Secret), so a relay trusts exactly it."""
+        pem = self.serving.cert.read_text()
+        return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).digest()

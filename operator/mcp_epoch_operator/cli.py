@@ -40,6 +40,19 @@ Flags (environment fallbacks in brackets)::
                                      https://<advertise host>:<port>/inject-epoch (local runs
                                      only; in a cluster the chart owns the configuration)
     --webhook-advertise-host HOST    address the API server dials (default: --webhook-host)
+    --webhook-peer-address HOST:PORT where the other operator processes forward admissions
+                                     while this one holds the admission lease; with
+                                     --webhook-share-port, an address of this process alone
+                                     [POD_IP with the webhook port; else the listen address]
+    --admission-lease NAME           Lease in the operator namespace whose holder hands out
+                                     pod epochs (default mcp-epoch-operator-admission)
+    --admission-lease-seconds S      its duration (default 4): how long admissions wait for
+                                     a new holder after one is lost without releasing it
+    --epoch-pool-size N              pod epochs per server issued ahead of admissions
+                                     (default 8)
+    --epoch-pool-max-age S           how long one is kept unused before it is left to be
+                                     abandoned (default 300; keep it well under the epoch
+                                     service's pending time limit)
     --webhook-config-name NAME       (default mcp-epoch-operator)
     --webhook-timeout-seconds N      timeoutSeconds of the registered configuration (default 5)
     --exclude-namespace NS           more namespaces the registered configuration skips
@@ -124,6 +137,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="create/update the MutatingWebhookConfiguration (local runs)",
     )
     parser.add_argument("--webhook-advertise-host", help="address the API server dials")
+    parser.add_argument("--webhook-peer-address", metavar="HOST:PORT")
+    parser.add_argument("--admission-lease", default="mcp-epoch-operator-admission")
+    parser.add_argument("--admission-lease-seconds", type=float, default=4.0)
+    parser.add_argument("--epoch-pool-size", type=int, default=8)
+    parser.add_argument("--epoch-pool-max-age", type=float, default=300.0)
     parser.add_argument("--webhook-config-name", default="mcp-epoch-operator")
     parser.add_argument("--webhook-timeout-seconds", type=int, default=5)
     parser.add_argument("--exclude-namespace", action="append", default=[], metavar="NS")
@@ -145,6 +163,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, help="serve Prometheus /metrics on this port (all addresses)"
     )
     parser.add_argument("--verbose", action="store_true")
+
+
+def _pod_address(port: int) -> str | None:
+    """``POD_IP:port`` in a pod (an IPv6 address in brackets), else None."""
+    ip = os.environ.get("POD_IP", "").strip()
+    if not ip:
+        return None
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def _fail(message: str) -> int:
@@ -188,11 +214,16 @@ def run(args: argparse.Namespace) -> int:
             ca=args.webhook_ca,
             advertise=args.webhook_advertise_host,
             share_port=args.webhook_share_port,
+            peer=args.webhook_peer_address or _pod_address(args.webhook_port),
         )
     elif args.register_webhook:
         return _fail("--register-webhook needs --webhook-port, --webhook-cert and --webhook-key")
     if not args.rotation_stall_seconds > 0:
         return _fail("--rotation-stall-seconds must be more than 0")
+    if not args.admission_lease_seconds >= 1:
+        return _fail("--admission-lease-seconds must be at least 1")
+    if args.epoch_pool_size < 1 or not args.epoch_pool_max_age > 0:
+        return _fail("--epoch-pool-size must be at least 1 and --epoch-pool-max-age above 0")
 
     secret = (
         TokenSecretRef(args.replica_token_secret, args.replica_token_secret_key)
@@ -221,6 +252,10 @@ def run(args: argparse.Namespace) -> int:
         health_endpoint=args.health_endpoint,
         metrics_port=args.metrics_port,
         servers_configmap=args.servers_configmap,
+        admission_lease=args.admission_lease,
+        admission_lease_seconds=args.admission_lease_seconds,
+        epoch_pool_size=args.epoch_pool_size,
+        epoch_pool_max_age=args.epoch_pool_max_age,
     )
     from mcp_epoch_operator.handlers import run as run_operator
 

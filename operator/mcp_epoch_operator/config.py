@@ -24,6 +24,14 @@ class WebhookServing:
     #: Several operator processes on one host serve one port (SO_REUSEPORT: the kernel
     #: spreads connections over the live ones), as a Service spreads them over pods.
     share_port: bool = False
+    #: ``host:port`` where the other operator processes reach this one when it holds the
+    #: admission lease (in a pod: its IP); None: the listen address. With a shared port it
+    #: must be an address of this process alone (it is listened on as well).
+    peer: str | None = None
+
+    @property
+    def peer_address(self) -> str:
+        return self.peer or f"{self.listen}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,12 @@ class OperatorConfig:
     metrics_port: int | None = None
     #: ConfigMap (in the operator's namespace) remembering which servers have epochs.
     servers_configmap: str = "mcp-epoch-operator-servers"
+    #: The Lease (in the operator's namespace) whose holder hands out pod epochs.
+    admission_lease: str = "mcp-epoch-operator-admission"
+    admission_lease_seconds: float = 4.0
+    #: Pod epochs per server issued ahead of admissions, and how long one is kept unused.
+    epoch_pool_size: int = 8
+    epoch_pool_max_age: float = 300.0
 
     def webhook_excluded_namespaces(self) -> list[str]:
         """kube-system and the operator's own namespace are never subject to the webhook."""

@@ -68,7 +68,11 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         if config.webhook is not None:
             # Not kopf's webhook server: admissions must not queue behind kopf's loop.
             server = AdmissionServer(
-                config.webhook, config, rt.metrics, LoopSink(rt, asyncio.get_running_loop())
+                config.webhook,
+                config,
+                rt.metrics,
+                LoopSink(rt, asyncio.get_running_loop()),
+                lambda: kube_mod.login(settings),
             )
             await asyncio.to_thread(server.start)
             state["admission"] = server

@@ -90,6 +90,7 @@ class KubeClient:
         self.apps = client.AppsV1Api(self._api)
         self.custom = client.CustomObjectsApi(self._api)
         self.admission = client.AdmissionregistrationV1Api(self._api)
+        self.coordination = client.CoordinationV1Api(self._api)
 
     def _file(self, path: Any, data: str | bytes | None, name: str) -> str | None:
         if path:
@@ -202,7 +203,32 @@ class KubeClient:
             lambda: self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
         )
 
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get(
+            lambda: self.coordination.read_namespaced_lease(name, namespace, _preload_content=False)
+        )
+
     # ------------------------------------------------------------------ writes
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a Lease; KubeError 409 when another process created it first."""
+        made: dict[str, Any] = await self._call(
+            lambda: self.coordination.create_namespaced_lease(
+                namespace, body, _preload_content=False
+            )
+        )
+        return made
+
+    async def replace_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a Lease at the ``resourceVersion`` in ``body``: KubeError 409 when it
+        changed since it was read (another process wrote first)."""
+        name = body["metadata"]["name"]
+        made: dict[str, Any] = await self._call(
+            lambda: self.coordination.replace_namespaced_lease(
+                name, namespace, body, _preload_content=False
+            )
+        )
+        return made
 
     async def apply_deployment(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         """Server-side apply, forced: the operator owns the fields it sets."""

@@ -104,6 +104,26 @@ class OperatorMetrics:
             ["namespace", "server"],
             registry=self.registry,
         )
+        self.forwarded = Counter(
+            "mcp_epoch_operator_admissions_forwarded",
+            "Admissions this process forwarded to the admission lease's holder, by outcome "
+            "(relayed: the holder answered; unreachable: none could be reached in time, so the "
+            "pod was refused).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in ("relayed", "unreachable"):
+            self.forwarded.labels(outcome)
+        self.lease_held = Gauge(
+            "mcp_epoch_operator_admission_lease_held",
+            "1 while this process holds the admission lease (it hands out pod epochs), else 0.",
+            registry=self.registry,
+        )
+        self.pooled = Gauge(
+            "mcp_epoch_operator_epoch_pool_epochs",
+            "Pod epochs issued ahead and not yet handed out, over every server.",
+            registry=self.registry,
+        )
         self._retries = _Retries()
         self.registry.register(self._retries)
 

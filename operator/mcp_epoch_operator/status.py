@@ -6,7 +6,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from mcp_epoch.contract import ACTIVE_STATES
+from mcp_epoch.contract import ACTIVE_STATES, EPOCH_ANNOTATION
 from mcp_epoch_operator.resources import selector_string
 
 #: status.epochs is for people and dashboards; the ledger is the full record.
@@ -62,11 +62,18 @@ def condition(
 def epoch_entries(
     ledger_epochs: list[dict[str, Any]], pods: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """Active epochs (pending, live, draining), newest first, with their pods."""
+    """Active epochs (live, draining, and pending ones a pod carries), newest first, with
+    their pods. A pending epoch no pod carries is left out: the admission pool issues epochs
+    ahead of their pods (``docs/admission.md``)."""
     by_uid = {(p.get("metadata") or {}).get("uid"): p for p in pods}
+    carried = {
+        ((p.get("metadata") or {}).get("annotations") or {}).get(EPOCH_ANNOTATION) for p in pods
+    }
     entries = []
     for e in sorted(ledger_epochs, key=lambda e: -int(e["generation"])):
         if e["state"] not in ACTIVE_STATES:
+            continue
+        if e["state"] == "pending" and e["epoch"] not in carried:
             continue
         entry: dict[str, Any] = {
             "epoch": e["epoch"],

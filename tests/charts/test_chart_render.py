@@ -208,18 +208,27 @@ def test_operator_cluster_role_grants_exactly_the_operators_calls(helm: Helm) ->
     # In its own namespace: get and patch of its servers ConfigMap, by name, nothing else.
     role = one(manifests, "Role")
     configmap = one(manifests, "ConfigMap", "-operator-servers")
+    args = build_parser().parse_args(container(one(manifests, "Deployment", "-operator"))["args"])
     assert role["rules"] == [
         {
             "apiGroups": [""],
             "resources": ["configmaps"],
             "resourceNames": [configmap["metadata"]["name"]],
             "verbs": ["get", "patch"],
-        }
+        },
+        # The admission Lease, by name; create cannot be limited by name.
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [args.admission_lease],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
     ]
+    assert args.admission_lease == "r-mcp-epoch-operator-admission"
     assert configmap["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert "data" not in configmap, "the data is the operator's; Helm must never reset it"
     assert one(manifests, "RoleBinding")["subjects"] == binding["subjects"]
-    args = build_parser().parse_args(container(one(manifests, "Deployment", "-operator"))["args"])
     assert args.servers_configmap == configmap["metadata"]["name"]
     assert args.operator_namespace == role["metadata"]["namespace"] == NS
     # The epoch service may create TokenReviews, nothing else; the operator is the account

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -48,6 +49,9 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
         time.sleep(interval)
 
 
+_PEER_HOSTS = itertools.count()
+
+
 class OperatorProcess:
     """``mcp-epoch operator`` in its own process group, stopped and restarted for real.
 
@@ -72,6 +76,8 @@ class OperatorProcess:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = free_port()
+        # Its own loopback address for relayed admissions: the webhook port is shared.
+        self.peer_address = f"127.0.0.{2 + next(_PEER_HOSTS) % 250}:{port}"
 
     def command(self) -> list[str]:
         return [
@@ -89,6 +95,8 @@ class OperatorProcess:
             "--webhook-port",
             str(self.port),
             "--webhook-share-port",  # a second operator process may serve it too
+            "--webhook-peer-address",
+            self.peer_address,
             "--webhook-cert",
             str(self.cluster.webhook_cert),
             "--webhook-key",
@@ -286,8 +294,9 @@ def settled(
     cluster: Cluster, service: EpochServiceProcess, ns: str, name: str, replicas: int
 ) -> dict[str, Any] | None:
     """The agreed end state, or None: ``replicas`` ready pods, each carrying a distinct epoch
-    that the ledger has live and bound to that pod; no other epoch of the server is live,
-    pending or draining; and the McpServer status lists exactly those epochs as live."""
+    that the ledger has live and bound to that pod; no other epoch of the server is live or
+    draining (pending ones no pod carries are the admission pool's); and the McpServer status
+    lists exactly those epochs as live."""
     current = [p for p in pods(cluster, ns, name) if not p["metadata"].get("deletionTimestamp")]
     if len(current) != replicas or not all(ready(p) for p in current):
         return None
@@ -295,7 +304,11 @@ def settled(
     if len(by_pod) != replicas:
         return None
     entries = ledger(service, ns, name)
-    active = {e.epoch: e for e in entries if e.state in ("pending", "live", "draining")}
+    active = {
+        e.epoch: e
+        for e in entries
+        if e.state in ("live", "draining") or (e.state == "pending" and e.epoch in by_pod)
+    }
     if set(active) != set(by_pod):
         return None
     for epoch, entry in active.items():

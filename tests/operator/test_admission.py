@@ -1,8 +1,10 @@
 """The webhook's own HTTPS server (``mcp_epoch_operator.admission``), against a real epoch
-service, without an API server: the reviews are posted here the way the API server posts them.
+service: the reviews are posted here the way the API server posts them. The API server is
+there for the admission lease only.
 
 What the cluster tests cannot show is here: an answer that does not wait for kopf's loop,
-hostile bodies, and a rotated serving certificate.
+hostile bodies, a rotated serving certificate, and two processes, one of them relaying its
+admissions to the other.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, cast
 import httpx
 import jsonpatch
 import pytest
-from mcp_epoch_operator import admission
+from mcp_epoch_operator import admission, kube
 from mcp_epoch_operator.admission import AdmissionServer, LoopSink
 from mcp_epoch_operator.config import OperatorConfig, WebhookServing
 from mcp_epoch_operator.metrics import OperatorMetrics
@@ -32,11 +34,15 @@ from mcp_epoch_operator.resources import ReplicaDefaults
 from mcp_epoch_operator.runtime import Runtime
 
 from tests.cluster import certs
-from tests.operator.support import wait_for
+from tests.cluster.harness import Cluster
+from tests.operator.support import make_namespace, wait_for
 from tests.support.epochsvc_proc import EpochServiceProcess
 from tests.support.ports import free_port
 
 Key = tuple[str, str]
+pytestmark = [pytest.mark.cluster]
+#: The namespace the webhooks' admission Leases are in (each test's lease is its own).
+LEASES = "admission-tests"
 
 
 def trusting(ca: Path) -> ssl.SSLContext:
@@ -167,6 +173,15 @@ def operator_loop() -> Iterator[OperatorLoop]:
     loop.close()
 
 
+@pytest.fixture(scope="module")
+def kubeconfig(k8s_cluster: Cluster) -> Iterator[None]:
+    """The webhooks log in as the operator does: with the kubeconfig in the environment."""
+    make_namespace(k8s_cluster, LEASES)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KUBECONFIG", str(k8s_cluster.kubeconfig))
+        yield
+
+
 def start_webhook(
     service: EpochServiceProcess,
     cert: Path,
@@ -175,6 +190,7 @@ def start_webhook(
     loop: OperatorLoop,
     recorder: Recorder,
     metrics: OperatorMetrics,
+    lease: str | None = None,
 ) -> Webhook:
     port = free_port()
     serving = WebhookServing(listen="127.0.0.1", port=port, cert=cert, key=key)
@@ -183,10 +199,13 @@ def start_webhook(
         epoch_service_url=service.url,
         operator_token=service.operator_token,
         replica=ReplicaDefaults("http://epochs:8080"),
-        operator_namespace="mcp-epoch",
+        operator_namespace=LEASES,
         webhook=serving,
+        admission_lease=lease or f"admission-{uuid.uuid4().hex[:8]}",
     )
-    server = AdmissionServer(serving, config, metrics, LoopSink(cast(Runtime, recorder), loop.loop))
+    server = AdmissionServer(
+        serving, config, metrics, LoopSink(cast(Runtime, recorder), loop.loop), kube.login
+    )
     server.start()
     return Webhook(server, ca, port)
 
@@ -203,6 +222,7 @@ def metrics() -> OperatorMetrics:
 
 @pytest.fixture
 def webhook(
+    kubeconfig: None,
     pki: certs.Pki,
     service: EpochServiceProcess,
     operator_loop: OperatorLoop,
@@ -245,23 +265,14 @@ def test_a_labelled_pod_gets_its_epoch_and_a_retry_the_same_one(
         "mcp_epoch_operator_webhook_seconds_count", {"outcome": "issued"}
     )
     assert count == 3
+    # The epochs came from the pool, issued ahead: every issue was a call to the service,
+    # counted as such, and the pool holds what was issued and not yet handed out.
     calls = metrics.registry.get_sample_value(
         "mcp_epoch_operator_epoch_service_calls_total", {"call": "issue", "outcome": "ok"}
     )
-    assert calls == 3
-    # How long each waited for the service: part of, and never more than, its admission.
-    waited, admitted = (
-        metrics.registry.get_sample_value(name, labels)
-        for name, labels in (
-            ("mcp_epoch_operator_epoch_service_seconds_sum", {"call": "issue", "outcome": "ok"}),
-            ("mcp_epoch_operator_webhook_seconds_sum", {"outcome": "issued"}),
-        )
-    )
-    assert waited is not None and admitted is not None and 0 < waited <= admitted
-    count = metrics.registry.get_sample_value(
-        "mcp_epoch_operator_epoch_service_seconds_count", {"call": "issue", "outcome": "ok"}
-    )
-    assert count == 3
+    pooled = metrics.registry.get_sample_value("mcp_epoch_operator_epoch_pool_epochs")
+    assert calls is not None and pooled is not None and calls == pooled + 2
+    assert metrics.registry.get_sample_value("mcp_epoch_operator_admission_lease_held") == 1
 
 
 def test_the_answer_does_not_wait_for_the_operators_loop(
@@ -368,7 +379,7 @@ def test_a_port_in_use_fails_start_with_the_reason(
         webhook=serving,
     )
     server = AdmissionServer(
-        serving, config, metrics, LoopSink(cast(Runtime, recorder), operator_loop.loop)
+        serving, config, metrics, LoopSink(cast(Runtime, recorder), operator_loop.loop), kube.login
     )
     with pytest.raises(OSError) as info:
         server.start()
@@ -386,6 +397,7 @@ def _served_certificate_verifies(url: str, ca: Path) -> bool:
 
 
 def test_a_rotated_certificate_is_served_and_a_broken_one_is_not(
+    kubeconfig: None,
     tmp_path: Path,
     pki: certs.Pki,
     service: EpochServiceProcess,
@@ -428,3 +440,67 @@ def webhook_answers(hook: Webhook, ca: Path) -> bool:
         request = pod_request(None)
         body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
         return bool(client.post(WEBHOOK_PATH, json=body).json()["response"]["allowed"])
+
+
+def test_two_processes_hand_out_from_one_pool_and_the_survivor_takes_over(
+    kubeconfig: None,
+    pki: certs.Pki,
+    service: EpochServiceProcess,
+    operator_loop: OperatorLoop,
+    recorder: Recorder,
+) -> None:
+    """Admissions posted to either process get epochs from the lease holder's pool, in the
+    order they completed; the holder stops (releasing the lease) and the other one goes on,
+    above everything handed out before."""
+    lease = f"admission-{uuid.uuid4().hex[:8]}"
+    metrics = (OperatorMetrics(), OperatorMetrics())
+    hooks = [
+        start_webhook(
+            service,
+            pki.webhook_cert,
+            pki.webhook_key,
+            pki.ca_cert,
+            operator_loop,
+            recorder,
+            m,
+            lease,
+        )
+        for m in metrics
+    ]
+    try:
+        generations = []
+        for i in range(6):
+            request = pod_request()
+            epoch = epoch_of(patched(request, hooks[i % 2].review(request)))
+            generations.append(int(epoch.rsplit("-", 1)[1]))
+        assert generations == sorted(generations) and len(set(generations)) == 6
+        held = [
+            m.registry.get_sample_value("mcp_epoch_operator_admission_lease_held") for m in metrics
+        ]
+        assert sorted(held) == [0, 1], held
+        holder = held.index(1)
+        relayed = metrics[1 - holder].registry.get_sample_value(
+            "mcp_epoch_operator_admissions_forwarded_total", {"outcome": "relayed"}
+        )
+        assert relayed == 3
+        # A dry run needs no epoch: answered where it arrived, relayed nowhere.
+        dry = pod_request(dry_run=True)
+        assert hooks[1 - holder].review(dry)["allowed"] is True
+        assert relayed == metrics[1 - holder].registry.get_sample_value(
+            "mcp_epoch_operator_admissions_forwarded_total", {"outcome": "relayed"}
+        )
+
+        hooks[holder].http.close()
+        hooks[holder].server.stop()  # releases the lease
+        survivor = hooks[1 - holder]
+        request = pod_request()
+        after = epoch_of(patched(request, survivor.review(request)))
+        assert int(after.rsplit("-", 1)[1]) > max(generations)
+        assert (
+            metrics[1 - holder].registry.get_sample_value("mcp_epoch_operator_admission_lease_held")
+            == 1
+        )
+    finally:
+        for hook in hooks:
+            hook.http.close()
+            hook.server.stop()

@@ -236,16 +236,23 @@ def test_epoch_service_down_refuses_labelled_pods_only(
 
     op_service.stop()
     try:
+        # fragile's pool was issued before the outage: its epochs were proven then, and a
+        # pod admitted now gets one of them.
+        pooled = k8s_cluster.kubectl(
+            "create", "-f", "-", stdin=pod("pooled", {SERVER_LABEL: "fragile"}), check=False
+        )
+        assert pooled.returncode == 0, pooled.stderr
+        # A server with nothing pooled needs an issue now, and the webhook fails closed.
         began = time.monotonic()
         refused = k8s_cluster.kubectl(
-            "create", "-f", "-", stdin=pod("labelled", {SERVER_LABEL: "fragile"}), check=False
+            "create", "-f", "-", stdin=pod("labelled", {SERVER_LABEL: "cold"}), check=False
         )
         # Answered well inside the webhook's 5 s timeout (kubectl's own start-up included).
         assert time.monotonic() - began < 5
         assert refused.returncode != 0
         message = refused.stderr
         assert 'admission webhook "epochs.mcp.epochs.dev" denied the request' in message
-        assert "no epoch could be issued for this pod of MCP server op-down/fragile" in message
+        assert "no epoch could be issued for this pod of MCP server op-down/cold" in message
         assert op_service.url in message and "not answering" in message
 
         plain = k8s_cluster.kubectl("create", "-f", "-", stdin=pod("plain", {"app": "x"}))
@@ -342,13 +349,18 @@ def test_plain_labelled_deployment_gets_epochs(
         assert env_of(spec["containers"][1])["MCP_SERVER_NAME"] == "custom"  # kept
         assert env_of(spec["containers"][0])["MCP_SERVER_NAME"] == "legacy"
 
-    # Deleting the Deployment retires its epochs.
+    # Deleting the Deployment retires its pods' epochs, and leaves none live or draining
+    # (the rest are the admission pool's, pending until the service abandons them).
+    carried = {p["metadata"]["annotations"][EPOCH_ANNOTATION] for p in current}
     k8s_cluster.kubectl("delete", "deployment", "-n", ns, "legacy")
-    wait_for(
-        lambda: all(s == "retired" for s in ledger_states(op_service, ns, "legacy").values()),
-        SETTLE,
-        "every epoch of the deleted Deployment to be retired",
-    )
+
+    def all_retired() -> bool:
+        states = ledger_states(op_service, ns, "legacy")
+        return all(states[e] == "retired" for e in carried) and not {
+            s for s in states.values() if s in ("live", "draining")
+        }
+
+    wait_for(all_retired, SETTLE, "every epoch of the deleted Deployment to be retired")
 
 
 def test_drift_is_corrected_and_dry_runs_issue_nothing(

@@ -339,16 +339,19 @@ def test_pods_and_ledger_epochs_that_disagree_are_each_named() -> None:
         pod("echo-a", "uid-a", f"{LEDGER}-1", "198.18.0.1"),
         pod("echo-c", "uid-c", None, "198.18.0.3"),  # admitted without the webhook
         pod("echo-d", "uid-d", "0badc0de-9", "198.18.0.4"),  # another ledger's epoch
+        pod("echo-e", "uid-e", f"{LEDGER}-6", "198.18.0.5"),  # running, its epoch not bound
     ]
     entries = ledger(
         epoch(1, "echo-a", "uid-a"),
         epoch(2, "echo-b", "uid-b"),  # its pod is gone
-        epoch(5, None, None, "pending"),  # issued, never carried
+        epoch(5, None, None, "pending"),  # issued ahead (the admission pool): not a problem
+        epoch(6, None, None, "pending"),
     )
     status = model.build(replace(g, pods=pods, service=replace(g.service, ledger=entries)))
     assert sorted(errors(status)) == ["EpochWithoutPod", "PodWithoutEpoch", "UnknownEpoch"]
-    warnings = [p["reason"] for p in status["problems"] if p["severity"] == "warning"]
-    assert warnings == ["PendingEpochWithoutPod"]
+    assert [p["reason"] for p in status["problems"] if p["severity"] == "warning"] == [
+        "EpochNotBound"
+    ]
     assert status["epochsWithoutPod"] == [
         {
             "epoch": f"{LEDGER}-2",

@@ -202,3 +202,7 @@ new CA and a certificate for the webhook Service's DNS names. Returns JSON {crt,
 {{- define "mcp-epoch.operator.serversConfigMapName" -}}
 {{- printf "%s-operator-servers" (include "mcp-epoch.fullname" .) -}}
 {{- end -}}
+
+{{- define "mcp-epoch.operator.admissionLeaseName" -}}
+{{- printf "%s-operator-admission" (include "mcp-epoch.fullname" .) -}}
+{{- end -}}
