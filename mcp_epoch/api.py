@@ -59,6 +59,20 @@ class IssueRequest(_Strict):
     request_uid: Uid = Field(description="the admission request UID; issuing is idempotent on it")
 
 
+#: The most epochs one batch issue asks for.
+MAX_ISSUE_BATCH = 64
+
+
+class IssueBatchRequest(_Strict):
+    namespace: K8sName
+    server: K8sName = Field(description="the McpServer (or labelled Deployment) name")
+    request_uids: list[Uid] = Field(
+        min_length=1,
+        max_length=MAX_ISSUE_BATCH,
+        description="one per epoch; issuing is idempotent on each",
+    )
+
+
 class BindRequest(_Strict):
     pod_name: PodName
     pod_uid: Uid
@@ -137,6 +151,12 @@ class Incarnation(BaseModel):
     process_epoch: str
     incarnation: int
     epoch: Epoch
+
+
+class IssuedEpochs(BaseModel):
+    """A batch issue's answer: one epoch per request UID, lowest generation first."""
+
+    epochs: list[Epoch]
 
 
 class EpochList(BaseModel):
@@ -280,6 +300,13 @@ def issue(namespace: str, server: str, request_uid: str) -> Call[Epoch]:
     """Issue a pod epoch (a repeated ``request_uid`` returns the one it issued)."""
     body = IssueRequest(namespace=namespace, server=server, request_uid=request_uid)
     return Call("issue", "POST", "/v1/epochs", Epoch, body)
+
+
+def issue_batch(namespace: str, server: str, request_uids: list[str]) -> Call[IssuedEpochs]:
+    """Issue a pod epoch per request UID in one call (the operator's pool), each idempotent
+    on its UID as :func:`issue` is."""
+    body = IssueBatchRequest(namespace=namespace, server=server, request_uids=request_uids)
+    return Call("issue_batch", "POST", "/v1/epochs/batch", IssuedEpochs, body)
 
 
 def bind(epoch: str, pod_name: str, pod_uid: str, address: str | None = None) -> Call[Epoch]:

@@ -44,18 +44,17 @@ Admission = Literal["issued", "refused", "skipped"]
 ServiceOutcome = Literal["ok", "refused", "unavailable"]
 
 
-class _Retries(Collector):
-    """``mcp_epoch_operator_epoch_service_retries_total``, the sum of the clients' counters
-    (the worker's client, and the webhook's on its own thread)."""
+class _Sum(Collector):
+    """A counter read at each scrape: the sum of counters kept elsewhere (on another thread's
+    objects, which count without a lock of the registry's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name = name
+        self.documentation = documentation
         self.reads: list[Callable[[], int]] = []
 
     def collect(self) -> Iterable[Metric]:
-        family = CounterMetricFamily(
-            "mcp_epoch_operator_epoch_service_retries",
-            "Epoch service attempts repeated after an outage answer (no answer, 502-504).",
-        )
+        family = CounterMetricFamily(self.name, self.documentation)
         family.add_metric([], sum(read() for read in self.reads))
         yield family
 
@@ -124,12 +123,27 @@ class OperatorMetrics:
             "Pod epochs issued ahead and not yet handed out, over every server.",
             registry=self.registry,
         )
-        self._retries = _Retries()
+        #: The clients' counters (the worker's client, and the webhook's on its own thread).
+        self._retries = _Sum(
+            "mcp_epoch_operator_epoch_service_retries",
+            "Epoch service attempts repeated after an outage answer (no answer, 502-504).",
+        )
         self.registry.register(self._retries)
+        self._pool_waits = _Sum(
+            "mcp_epoch_operator_epoch_pool_waits",
+            "Admissions that found their server's epoch pool empty and waited for a refill "
+            "(the epoch service's durable issue): many mean the pools are too small for the "
+            "bursts.",
+        )
+        self.registry.register(self._pool_waits)
 
     def follow_retries(self, read: Callable[[], int]) -> None:
         """Count one more client's repeated attempts (read at every scrape)."""
         self._retries.reads.append(read)
+
+    def follow_pool_waits(self, read: Callable[[], int]) -> None:
+        """Count one more epoch pool's admissions that waited for a refill."""
+        self._pool_waits.reads.append(read)
 
     @contextmanager
     def reconciling(self) -> Iterator[None]:

@@ -14,8 +14,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import jsonpatch
-
 from mcp_epoch.contract import (
     DEFAULT_EVENTS_PER_SECOND,
     DEFAULT_RECONNECT_WINDOW_SECONDS,
@@ -31,6 +29,7 @@ from mcp_epoch.contract import (
     UID_RE,
     WINDOW_ANNOTATION,
 )
+from mcp_epoch_operator import jsondiff
 from mcp_epoch_operator.metrics import Admission
 from mcp_epoch_operator.names import (
     ENV_BUFFER,
@@ -221,10 +220,7 @@ def pod_patch(
 ) -> list[dict[str, Any]]:
     """The JSON Patch that turns ``pod`` into the pod carrying ``epoch`` (what the API server
     applies: an admission answer carries the change, not the changed pod)."""
-    ops: list[dict[str, Any]] = jsonpatch.JsonPatch.from_diff(
-        pod, injected(pod, epoch, server, defaults)
-    ).patch
-    return ops
+    return jsondiff.diff(pod, injected(pod, epoch, server, defaults))
 
 
 @dataclass(frozen=True, slots=True)

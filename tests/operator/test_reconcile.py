@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from mcp_epoch_operator import reconcile
+from mcp_epoch_operator import events, reconcile
 from mcp_epoch_operator.config import OperatorConfig
 from mcp_epoch_operator.kube import KubeError
 from mcp_epoch_operator.names import EPOCH_ANNOTATION, SERVER_LABEL
@@ -367,6 +367,33 @@ def test_warnings_about_one_server_are_not_repeated_within_the_interval(world: A
 
     run(scenario())
     assert [e[1] for e in kube.events] == ["EpochIssueFailed", "OtherReason"]
+
+
+def test_epochs_issued_together_are_announced_in_one_event(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollout's admissions: one Event per server for the epochs of one moment, naming the
+    first ten, never an Event per pod."""
+    rt, kube, _ = world
+    monkeypatch.setattr(events, "ISSUED_EVENT_INTERVAL", 0.05)
+    kube.mcpservers[(NS, "echo")] = mcpserver("echo")
+    kube.mcpservers[(NS, "other")] = mcpserver("other")
+
+    async def scenario() -> None:
+        for g in range(12, 0, -1):
+            rt.events.issued((NS, "echo"), f"0123abcd-{g}", g)
+        rt.events.issued((NS, "other"), "0123abcd-13", 13)
+        deadline = time.monotonic() + 10
+        while len(kube.events) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # polled: the announcement is on the loop's timer
+            await settle(rt)
+
+    run(scenario())
+    assert [e[1] for e in kube.events] == ["EpochIssued", "EpochIssued"]
+    echo = next(e for e in kube.events if "12 new pods" in e[2])
+    assert "0123abcd-1 (generation 1), 0123abcd-2 (generation 2)" in echo[2]
+    assert "and 2 more" in echo[2] and "0123abcd-11" not in echo[2]
+    assert any("0123abcd-13 (generation 13) for a new pod of" in e[2] for e in kube.events)
 
 
 def test_a_ring_rotation_is_begun_on_demand_stepped_as_pods_report_and_shown(
