@@ -64,8 +64,6 @@ MAX_ISSUE_BATCH = 64
 
 
 class IssueBatchRequest(_Strict):
-    namespace: K8sName
-    server: K8sName = Field(description="the McpServer (or labelled Deployment) name")
     request_uids: list[Uid] = Field(
         min_length=1,
         max_length=MAX_ISSUE_BATCH,
@@ -305,8 +303,9 @@ def issue(namespace: str, server: str, request_uid: str) -> Call[Epoch]:
 def issue_batch(namespace: str, server: str, request_uids: list[str]) -> Call[IssuedEpochs]:
     """Issue a pod epoch per request UID in one call (the operator's pool), each idempotent
     on its UID as :func:`issue` is."""
-    body = IssueBatchRequest(namespace=namespace, server=server, request_uids=request_uids)
-    return Call("issue_batch", "POST", "/v1/epochs/batch", IssuedEpochs, body)
+    body = IssueBatchRequest(request_uids=request_uids)
+    path = f"/v1/servers/{_seg(namespace)}/{_seg(server)}/epochs"
+    return Call("issue_batch", "POST", path, IssuedEpochs, body)
 
 
 def bind(epoch: str, pod_name: str, pod_uid: str, address: str | None = None) -> Call[Epoch]:

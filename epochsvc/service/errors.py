@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from epochsvc.service.lifecycle import LifecycleError
 from epochsvc.service.store.base import RequestConflict, StoreUnavailable, UnknownEpoch
@@ -44,6 +45,17 @@ _HTTP_CODES = {
     413: "body-too-large",
     415: "unsupported-media-type",
 }
+
+
+def _allowed(app: FastAPI, request: Request) -> str:
+    """Every method the request's path takes, over all the routes of that path: Starlette's
+    own 405 names only the first route's (a server's epochs are a GET and a POST route)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
 
 
 def _describe(exc: RequestValidationError) -> str:
@@ -84,7 +96,7 @@ def install_error_handlers(app: FastAPI, on_store_down: Callable[[], None] | Non
         return error_response(422, "invalid-request", _describe(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 413:
             limit = app.state.settings.max_body_bytes
             return error_response(
@@ -97,7 +109,10 @@ def install_error_handlers(app: FastAPI, on_store_down: Callable[[], None] | Non
                 422, "invalid-request", "the body is not JSON: send UTF-8 encoded JSON"
             )
         code = _HTTP_CODES.get(exc.status_code, f"http-{exc.status_code}")
-        return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": _allowed(app, request)}
+        return error_response(exc.status_code, code, str(exc.detail), headers)
 
     @app.exception_handler(UnknownEpoch)
     async def _unknown(_: Request, exc: UnknownEpoch) -> JSONResponse:

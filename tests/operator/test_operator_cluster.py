@@ -96,10 +96,15 @@ def test_mcpserver_gets_deployment_service_and_live_epochs(
 
     printed = k8s_cluster.kubectl("get", "mcps", "-n", ns, "echo").stdout
     assert "NEWEST-GENERATION" in printed and str(status["newestGeneration"]) in printed
-    events = k8s_cluster.kubectl_json(
-        "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=McpServer"
-    )["items"]
-    assert any(e["reason"] == "EpochIssued" for e in events)
+
+    def issued_announced() -> bool:
+        events = k8s_cluster.kubectl_json(
+            "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=McpServer"
+        )["items"]
+        return any(e["reason"] == "EpochIssued" for e in events)
+
+    # The epochs of one moment are announced together, a little after their admissions.
+    wait_for(issued_announced, 30, "the EpochIssued Event")
     # The operator's own metrics saw the admissions, the issue calls and the reconciles.
     metric = running_operator.metric
     assert metric("mcp_epoch_operator_webhook_seconds_count", outcome="issued") >= 3

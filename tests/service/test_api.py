@@ -88,28 +88,30 @@ def test_a_batch_issue_is_one_epoch_per_uid_each_idempotent(svc: EpochServicePro
     """The operator's pool: one call, one epoch per request UID, lowest generation first; a
     repeated UID gets its epoch again, a UID of another server is a conflict, and only the
     operator may ask."""
-    body = {"namespace": "default", "server": "pooled", "request_uids": ["p-1", "p-2", "p-3"]}
+    body = {"request_uids": ["p-1", "p-2", "p-3"]}
+    url = "/v1/servers/default/pooled/epochs"
     with svc.client() as c, svc.client(svc.replica_token) as rep:
         before = issue(c, server="pooled")
-        r = c.post("/v1/epochs/batch", json=body)
+        r = c.post(url, json=body)
         assert r.status_code == 200, r.text
         epochs = r.json()["epochs"]
         generations = [e["generation"] for e in epochs]
         assert generations == sorted(generations) and len(set(generations)) == 3
         assert min(generations) > int(str(before["generation"]))
         assert all(e["state"] == "pending" and e["server"] == "pooled" for e in epochs)
-        again = c.post("/v1/epochs/batch", json={**body, "request_uids": ["p-2", "p-4"]})
+        again = c.post(url, json={"request_uids": ["p-2", "p-4"]})
         assert again.status_code == 200
         assert again.json()["epochs"][0]["epoch"] == epochs[1]["epoch"]
         assert again.json()["epochs"][1]["generation"] > max(generations)
         listed = c.get("/v1/servers/default/pooled/epochs").json()["epochs"]
         assert len(listed) == 5
-        clash = c.post("/v1/epochs/batch", json={**body, "server": "other"})
+        clash = c.post("/v1/servers/default/other/epochs", json=body)
         assert clash.status_code == 409 and clash.json()["code"] == "request-conflict"
-        too_many = c.post("/v1/epochs/batch", json={**body, "request_uids": ["u"] * 65})
+        too_many = c.post(url, json={"request_uids": ["u"] * 65})
         assert too_many.status_code == 422
-        assert c.post("/v1/epochs/batch", json={**body, "request_uids": []}).status_code == 422
-        assert rep.post("/v1/epochs/batch", json=body).status_code == 403
+        assert c.post(url, json={"request_uids": []}).status_code == 422
+        assert c.post(url, content=b"{}", headers={"content-type": "text/plain"}).status_code == 415
+        assert rep.post(url, json=body).status_code == 403
 
 
 def test_illegal_transitions_are_409_and_repeats_are_noops(svc: EpochServiceProcess) -> None:

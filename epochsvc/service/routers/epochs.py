@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from fastapi import APIRouter, Depends, Response, status
@@ -35,8 +34,6 @@ from mcp_epoch.api import (
     HandoffRequest,
     Incarnation,
     IncarnationRequest,
-    IssueBatchRequest,
-    IssuedEpochs,
     IssueRequest,
 )
 from mcp_epoch.contract import ProcessEpoch
@@ -74,28 +71,6 @@ async def issue_epoch(
     else:
         response.status_code = status.HTTP_200_OK
     return epoch_of(record)
-
-
-@router.post("/batch", response_model=IssuedEpochs)
-async def issue_epochs(
-    body: IssueBatchRequest,
-    store: Store,
-    notifier: Notifier,
-    metrics: MetricsDep,
-    _: Operator,
-) -> IssuedEpochs:
-    """Issue a pod epoch per request UID of one server, answered once every one is durable:
-    the operator's pool of epochs issued ahead of admissions. The issues are written together
-    (one group commit), so one call costs about what one issue does."""
-    issued = await asyncio.gather(
-        *(store.issue(body.namespace, body.server, uid) for uid in body.request_uids)
-    )
-    created = [record for record, made in issued if made]
-    if created:
-        notifier.notify_server(body.namespace, body.server, max(r.revision for r in created))
-        metrics.issued.labels(body.namespace, body.server).inc(len(created))
-    records = sorted((record for record, _ in issued), key=lambda r: r.generation)
-    return IssuedEpochs(epochs=[epoch_of(r) for r in records])
 
 
 async def _transition(

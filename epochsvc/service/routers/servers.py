@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
 
 from epochsvc.service.access import shown
-from epochsvc.service.auth import AnyCaller
-from epochsvc.service.deps import Config, Lists, Notifier, Rules, Store
+from epochsvc.service.auth import AnyCaller, Operator
+from epochsvc.service.deps import Config, Lists, MetricsDep, Notifier, Rules, Store, json_body
 from epochsvc.service.held import HeldResponse
 from epochsvc.service.lifecycle import State
 from epochsvc.service.models import epoch_of
 from epochsvc.service.settings import Settings
-from mcp_epoch.api import EpochList, ErrorBody
+from mcp_epoch.api import EpochList, ErrorBody, IssueBatchRequest, IssuedEpochs
 from mcp_epoch.contract import DNS1123_LABEL_PATTERN
 
 router = APIRouter(
@@ -86,3 +87,31 @@ async def list_epochs(
 
         return HeldResponse(after_the_wait, media_type="application/json")
     return Response(await listing(), media_type="application/json")
+
+
+@router.post(
+    "/{namespace}/{server}/epochs",
+    response_model=IssuedEpochs,
+    dependencies=[Depends(json_body)],
+    responses={code: {"model": ErrorBody} for code in (409, 413, 415)},
+)
+async def issue_epochs(
+    namespace: NameParam,
+    server: NameParam,
+    body: IssueBatchRequest,
+    store: Store,
+    notifier: Notifier,
+    metrics: MetricsDep,
+    _: Operator,
+) -> IssuedEpochs:
+    """Issue a pod epoch of this server per request UID, each idempotent on its UID, answered
+    once every one is durable: the operator's pool of epochs issued ahead of admissions. The
+    issues are written together (one group commit), so one call costs about what one issue
+    does."""
+    issued = await asyncio.gather(*(store.issue(namespace, server, u) for u in body.request_uids))
+    created = [record for record, made in issued if made]
+    if created:
+        notifier.notify_server(namespace, server, max(r.revision for r in created))
+        metrics.issued.labels(namespace, server).inc(len(created))
+    records = sorted((record for record, _ in issued), key=lambda r: r.generation)
+    return IssuedEpochs(epochs=[epoch_of(r) for r in records])
