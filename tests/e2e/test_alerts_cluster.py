@@ -33,6 +33,8 @@ from tests.support.epochsvc_proc import EpochServiceProcess
 
 pytestmark = pytest.mark.cluster
 NAME = "alerts-refused"
+#: A server nothing was admitted for: no epochs pooled, so its pods need the service now.
+COLD = "alerts-cold"
 #: The chart's monitors' jobs and target labels for the release ``mcp-epoch``.
 MONITOR_NS = "mcp-epoch-system"
 REPLICA_JOB = f"{MONITOR_NS}/mcp-epoch-replicas"
@@ -65,12 +67,12 @@ def pod_target(pod: PodProcess, namespace: str) -> Target:
     return Target(REPLICA_JOB, url, {"namespace": namespace, "pod": pod.pod, "server": NAME})
 
 
-def labelled_pod(name: str) -> dict[str, Any]:
-    """A pod of the server: the webhook must give it an epoch or refuse it."""
+def labelled_pod(name: str, server: str = NAME) -> dict[str, Any]:
+    """A pod of a server: the webhook must give it an epoch or refuse it."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": {SERVER_LABEL: NAME}},
+        "metadata": {"name": name, "labels": {SERVER_LABEL: server}},
         "spec": {"containers": [{"name": "mcp", "image": "registry.invalid/mcp:1"}]},
     }
 
@@ -89,9 +91,11 @@ def test_stopping_the_service_refusing_credentials_and_the_webhook_refusing_fire
     operator_metrics = operator_target(e2e_operator).url
 
     def refused_create(name: str) -> str:
-        """``kubectl create`` of a labelled pod; the API server's refusal (the webhook's)."""
+        """``kubectl create`` of a pod of a server with nothing pooled; the API server's
+        refusal (the webhook's)."""
+        pod = labelled_pod(name, COLD)
         done = k8s_cluster.kubectl(
-            "create", "-n", ns, "-f", "-", stdin=json.dumps(labelled_pod(name)), check=False
+            "create", "-n", ns, "-f", "-", stdin=json.dumps(pod), check=False
         )
         assert done.returncode != 0, f"pod {name} was admitted with the service down"
         return done.stderr
@@ -161,8 +165,9 @@ def test_stopping_the_service_refusing_credentials_and_the_webhook_refusing_fire
             )
             watch.fires("McpEpochServiceUnavailable", job=OPERATOR_JOB)
 
-            # 3. The webhook refuses: it cannot issue an epoch, and fails closed. Two pod
-            # creates with a scrape between them (a rate needs two samples that differ).
+            # 3. The webhook refuses: a server with nothing pooled needs an epoch issued now,
+            # it cannot have one, and the webhook fails closed. Two pod creates with a scrape
+            # between them (a rate needs two samples that differ).
             why = await step(refused_create, "alerts-refused-a")
             assert "denied the request" in why, why
             await step(watch.scrape)
