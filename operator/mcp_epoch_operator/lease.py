@@ -144,6 +144,10 @@ class AdmissionLease:
                 await self.round()
             except (KubeError, OSError, TimeoutError) as exc:
                 log.warning("admission lease %s/%s: %s", self.namespace, self.name, exc)
+            except Exception:
+                # Whatever it was, the rounds go on: a loop that ended here would leave this
+                # process never handing out again (and, holding, never releasing).
+                log.exception("admission lease %s/%s: a round failed", self.namespace, self.name)
             self._changed.set()
             self._poke.clear()
             with contextlib.suppress(TimeoutError):

@@ -89,10 +89,7 @@ class EpochPool:
         self._targets: dict[Key, int] = {}
         self._filled: set[Key] = set()
         self._given: OrderedDict[str, tuple[Key, api.Epoch]] = OrderedDict()
-        #: Epochs issued into the pool and handed out, and admissions that found their pool
-        #: empty and waited for a refill, for the metrics.
-        self.issued = 0
-        self.handed_out = 0
+        #: Admissions that found their pool empty and waited for a refill (a metric).
         self.waits = 0
 
     def pooled(self, key: Key | None = None) -> int:
@@ -143,7 +140,6 @@ class EpochPool:
                 self._targets[key] = max(self.size, self.target(key) // 2)
             if queue:
                 epoch = queue.popleft().epoch
-                self.handed_out += 1
                 self._remember(request_uid, key, epoch)
                 if len(queue) <= self.target(key) // 2:
                     self._refill(key)
@@ -211,7 +207,6 @@ class EpochPool:
                 raise
             issued_at = self.clock()
             epochs = sorted(answer, key=lambda e: e.generation)
-            self.issued += len(epochs)
             issued_any = True
             if tenure != self._tenure:
                 return  # a new tenure: these are left to be abandoned

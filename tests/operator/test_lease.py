@@ -132,3 +132,31 @@ async def test_of_two_takers_one_wins(client: kube.KubeClient, namespace: str) -
     lease = await client.get_lease(namespace, a.name)
     assert lease is not None
     assert lease["spec"]["holderIdentity"] == ("b" if b.holds() else "c")
+
+
+async def test_the_rounds_go_on_after_a_round_fails_unexpectedly(
+    client: kube.KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error nobody foresaw in one round (injected: a fault the API server cannot be made
+    to give on demand) must not end the rounds, or the process would never hand out again."""
+    (a, *_) = candidates(client, namespace)
+    real = client.get_lease
+    failures = []
+
+    async def once_broken(ns: str, name: str) -> dict[str, object] | None:
+        if not failures:
+            failures.append(name)
+            raise RuntimeError("injected")
+        return await real(ns, name)
+
+    monkeypatch.setattr(client, "get_lease", once_broken)
+    a.every = 0.01
+    rounds = asyncio.create_task(a.run())
+    try:
+        for _ in range(100):
+            if a.holds():
+                break
+            await a.changed(1.0)
+    finally:
+        rounds.cancel()
+    assert failures == [a.name] and a.holds()
