@@ -321,7 +321,7 @@ async def _relay_body(
     client's stream is then cut as a drop would cut it (no final chunk), so it resumes from
     the last event it really received."""
     try:
-        async for chunk in answer.body():
+        while (chunk := await answer.chunk()) is not None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except upstream.Broken as exc:
         if client_left():

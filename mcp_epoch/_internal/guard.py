@@ -39,7 +39,8 @@ from mcp_epoch._internal.forward import (
     route_for,
     successor_of,
 )
-from mcp_epoch._internal.inflight import InFlight, log_level_in, request_id_of, requests_in
+from mcp_epoch._internal.inflight import InFlight
+from mcp_epoch._internal.postbody import read_post
 from mcp_epoch._internal.resume import ResumeState, current_resume
 from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
@@ -86,6 +87,10 @@ class ResumeAuthority(Protocol):
 
     @property
     def epoch(self) -> ProcessEpoch: ...
+
+    #: ``str(epoch)`` and ``str(epoch.pod)``, made once.
+    epoch_text: str
+    pod_text: str
 
     def snapshot(self) -> EpochSnapshot: ...
 
@@ -179,7 +184,7 @@ class ResumptionGuard:
         if self.draining:
             return True
         view = self.store.snapshot()
-        rec = view.epochs.get(str(self.store.epoch.pod))
+        rec = view.epochs.get(self.store.pod_text)
         return rec is not None and rec.state == "draining"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -323,7 +328,7 @@ class ResumptionGuard:
         reason: Reason = "retired" if tried else classify(self.store.snapshot(), owner)
         log.info("request for session of %s rejected: %s", owner, reason)
         await send_rejection(
-            send, reason, f"the session's process {owner} is not here", request_id_of(body)
+            send, reason, f"the session's process {owner} is not here", read_post(body).single_id
         )
 
     async def _to_moved(
@@ -365,7 +370,7 @@ class ResumptionGuard:
         except OwnerLost as exc:
             body_ = error_body(
                 f"the owning process {route.epoch} went away: {exc}",
-                request_id=request_id_of(body),
+                request_id=read_post(body).single_id,
             )
             await respond(send, 502, body_)
         return True
@@ -392,16 +397,16 @@ class ResumptionGuard:
             call_stream = request.forwarded and plan.stream_id != STANDALONE_STREAM
         calls: list[str] = []
         if method == "POST":
-            calls, cancelled, work = requests_in(body)
-            if work and local is not None and self.is_draining():
+            post = read_post(body)
+            calls = list(post.calls)
+            if post.work and local is not None and self.is_draining():
                 await self._refuse_or_hand_on(request, tag)
                 return
             receive = _replay(body, receive)  # the SDK reads the body the guard has read
-            for rid in cancelled:
+            for rid in post.cancelled:
                 self.inflight.forget((tag, rid))
-            level = log_level_in(body) if tag is not None else None
-            if level is not None and tag is not None:
-                tag.log_level = level
+            if post.log_level is not None and tag is not None:
+                tag.log_level = post.log_level
         fresh = tag is None and local is None
         if fresh:
             tag = SessionTag()
@@ -442,7 +447,7 @@ class ResumptionGuard:
             request.send,
             "retired",
             "this process is draining: the call was not started, start a new session",
-            request_id_of(request.body),
+            read_post(request.body).single_id,
         )
 
     async def _replay_handed(self, request: _Request, tag: SessionTag, cursor: EventId) -> None:
@@ -522,7 +527,7 @@ class ResumptionGuard:
         streams: list[str],
         call_stream: bool = False,
     ) -> Send:
-        own = str(self.store.epoch)
+        own = self.store.epoch_text
         task = asyncio.current_task()
         swallowing = False
         whole = False  # a JSON (not SSE) answer: its end delivers the call

@@ -16,10 +16,8 @@ Everything here runs on the server's event loop; nothing blocks.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import anyio
 
@@ -32,7 +30,9 @@ class InFlight:
     def __init__(self) -> None:
         self._calls: dict[Call, bool] = {}  # call -> answered
         self._relays: dict[object, str] = {}  # relay -> the process it goes to
-        self._idle: anyio.Event | None = None  # made on the event loop, by the first call
+        #: Made by a waiter (never on a call's path: an event per call cost ~10 us of each
+        #: request), set and dropped once nothing is in flight.
+        self._idle: anyio.Event | None = None
         self._changed: anyio.Event | None = None  # set (and dropped) at every call's end
         self.delivered = 0
 
@@ -50,19 +50,13 @@ class InFlight:
         calls = [(rid, answered) for (_tag, rid), answered in self._calls.items()]
         return calls + [(f"relay to {to}", False) for to in self._relays.values()]
 
-    def _busy(self) -> None:
-        if self._idle is None or self._idle.is_set():
-            self._idle = anyio.Event()
-
     def started(self, call: Call) -> None:
-        self._busy()
         self._calls.setdefault(call, False)
 
     @contextmanager
     def relaying(self, to: str) -> Iterator[None]:
         """Count a forwarded request as in flight while its relay runs."""
         token = object()
-        self._busy()
         self._relays[token] = to
         try:
             yield
@@ -101,6 +95,7 @@ class InFlight:
         self.wake()
         if not self._calls and not self._relays and self._idle is not None:
             self._idle.set()
+            self._idle = None
 
     def working(self, tag: Hashable) -> bool:
         """Whether a call of session ``tag`` is still unanswered. A session moves only when
@@ -121,74 +116,7 @@ class InFlight:
         await self._changed.wait()
 
     async def wait_idle(self) -> None:
-        while len(self) and self._idle is not None:
+        while len(self):
+            if self._idle is None:
+                self._idle = anyio.Event()
             await self._idle.wait()
-
-
-#: Requests a draining process refuses on its own sessions: those that start work of
-#: unbounded length. Everything else is answered at once, and clients need it to finish the
-#: calls they have (the SDK client lists tools to check a call's result, pings a session).
-WORK_METHODS = frozenset({"tools/call"})
-
-
-def requests_in(body: bytes) -> tuple[list[str], list[str], bool]:
-    """(ids of JSON-RPC requests, ids named by ``notifications/cancelled``, whether a request
-    starts work (see :data:`WORK_METHODS`)) in a POST body.
-
-    Ids are given as the SDK names a request's stream (``str(id)``). A body that is not JSON-RPC
-    yields nothing: the SDK answers it, and there is no call to wait for.
-    """
-    try:
-        parsed: Any = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return [], [], False
-    requests: list[str] = []
-    cancelled: list[str] = []
-    work = False
-    for item in _items(parsed):
-        method = item.get("method")
-        if not isinstance(method, str):
-            continue
-        if "id" in item and isinstance(item["id"], str | int) and not isinstance(item["id"], bool):
-            requests.append(str(item["id"]))
-            work = work or method in WORK_METHODS
-        elif method == "notifications/cancelled":
-            params = item.get("params")
-            rid = params.get("requestId") if isinstance(params, dict) else None
-            if isinstance(rid, str | int) and not isinstance(rid, bool):
-                cancelled.append(str(rid))
-    return requests, cancelled, work
-
-
-def _items(parsed: Any) -> Iterator[dict[str, Any]]:
-    for item in parsed if isinstance(parsed, list) else [parsed]:
-        if isinstance(item, dict):
-            yield item
-
-
-def request_id_of(body: bytes) -> str | int | None:
-    """The id of the one JSON-RPC request in a POST body, as sent (for an error answer to
-    echo); None for anything else."""
-    try:
-        parsed: Any = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    rid = parsed.get("id") if isinstance(parsed, dict) and "method" in parsed else None
-    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
-
-
-def log_level_in(body: bytes) -> str | None:
-    """The level of a ``logging/setLevel`` request in a POST body (it moves with a session)."""
-    if b"logging/setLevel" not in body:
-        return None
-    level = None
-    try:
-        parsed: Any = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    for item in _items(parsed):
-        params = item.get("params")
-        if item.get("method") == "logging/setLevel" and isinstance(params, dict):
-            value = params.get("level")
-            level = value if isinstance(value, str) and len(value) <= 32 else level
-    return level

@@ -108,6 +108,10 @@ class DrainingServer(uvicorn.Server):
             connection.shutdown()
 
 
+#: Log levels at which uvicorn prints its access log.
+_ACCESS_LEVELS = frozenset({"trace", "debug", "info"})
+
+
 def _reset_on_close(transport: asyncio.BaseTransport | None) -> None:
     """Make the closing of ``transport`` a TCP reset (SO_LINGER 0), if it is a socket's."""
     sock = None if transport is None else transport.get_extra_info("socket")
@@ -134,5 +138,13 @@ def serve(
     """
     options.setdefault("timeout_graceful_shutdown", 1)
     options.setdefault("lifespan", "on")
+    # The client address a hand-on is checked against is the connection's own: never one a
+    # header names (uvicorn trusts X-Forwarded-For from loopback by default, and in a pod
+    # loopback is the MCP server beside a sidecar). It also takes a layer off every request.
+    options.setdefault("proxy_headers", False)
+    # uvicorn builds each access-log line (the client's address, the quoted path) before its
+    # logger drops it; below INFO nothing is printed, so nothing is built.
+    level = options.get("log_level")
+    options.setdefault("access_log", level is None or str(level).lower() in _ACCESS_LEVELS)
     config = uvicorn.Config(asgi if asgi is not None else app, host=host, port=port, **options)
     DrainingServer(config, app, on_started).run(sockets=sockets)

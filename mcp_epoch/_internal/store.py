@@ -63,6 +63,10 @@ class SnapshotSource(Protocol):
     def snapshot(self) -> EpochSnapshot: ...
 
 
+#: What a store without a view of the ledger sees (it is immutable: one serves every request).
+_NO_VIEW = EpochSnapshot()
+
+
 class EpochEventStore(EventStore):
     """Bounded, epoch-tagged, session- and stream-owned event store for the SDK."""
 
@@ -80,6 +84,9 @@ class EpochEventStore(EventStore):
         self._followers = Followers()
         self._epoch: ProcessEpoch | None = None
         self._prefix = ""
+        #: The epoch and its pod epoch as text, made once (every request names them).
+        self.epoch_text = ""
+        self.pod_text = ""
         if epoch is not None:
             self.bind(epoch)
 
@@ -100,9 +107,10 @@ class EpochEventStore(EventStore):
             raise RuntimeError(f"the process epoch is {self._epoch} already")
         self._epoch = epoch
         self._prefix = f"{epoch}:"
+        self.epoch_text, self.pod_text = str(epoch), str(epoch.pod)
 
     def snapshot(self) -> EpochSnapshot:
-        return EpochSnapshot() if self.view is None else self.view.snapshot
+        return _NO_VIEW if self.view is None else self.view.snapshot
 
     def is_zombie(self) -> bool:
         return zombie(self.snapshot(), self.epoch)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import select
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Final, cast
 
 import httptools
@@ -63,14 +63,22 @@ def request_head(
     ``keep-alive``, for a :class:`Pool`'s connection). Raises :class:`Refused` for a field
     that would break the framing (the ASGI server already refuses those; this keeps a
     hand-built scope from smuggling one)."""
-    lines = [b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), target)]
-    for name, value in headers:
-        if b"\r" in name or b"\n" in name or b"\r" in value or b"\n" in value or b":" in name:
+    fields = b"".join([b"%s: %s\r\n" % (name, value) for name, value in headers])
+    # Each field must be one line of one name: as many CRLFs as fields, no other CR or LF,
+    # and no colon in a name (checked per field only when the whole block is in doubt).
+    if fields.count(b"\n") != len(headers) or fields.count(b"\r") != len(headers):
+        raise Refused("the request cannot be sent: a header holds a line break")
+    for name, _ in headers:
+        if b":" in name:
             raise Refused(f"the request cannot be sent: a bad header {name!r}")
-        lines.append(b"%s: %s\r\n" % (name, value))
     close = b"keep-alive" if keep else b"close"
-    lines.append(b"content-length: %d\r\nconnection: %s\r\n\r\n" % (length, close))
-    return b"".join(lines)
+    return b"%s %s HTTP/1.1\r\n%scontent-length: %d\r\nconnection: %s\r\n\r\n" % (
+        method.encode("ascii"),
+        target,
+        fields,
+        length,
+        close,
+    )
 
 
 class _Hop(asyncio.Protocol):
@@ -281,19 +289,21 @@ class Exchange:
         length = self.header(b"content-length")
         return length is not None and length.isdigit() and int(length) <= SMALL_BODY
 
-    async def body(self) -> AsyncIterator[bytes]:
-        """The body's bytes (framing removed) until it ends; :class:`Broken` when the
-        connection ends first."""
-        while (data := self._hop.take()) is not None:
+    async def chunk(self) -> bytes | None:
+        """The body's next bytes (framing removed), once there are some; None at its end;
+        :class:`Broken` when the connection ends first. (A coroutine, not an async
+        generator: the event loop keeps a registry of those, a cost on every answer.)"""
+        hop = self._hop
+        while (data := hop.take()) is not None:
             if data:
-                yield data
-            else:
-                await self._hop.more()
+                return data
+            await hop.more()
+        return None
 
     async def read(self, limit: int) -> bytes:
         """Up to ``limit`` bytes of the body (the rest is left unread)."""
         out = b""
-        async for chunk in self.body():
+        while (chunk := await self.chunk()) is not None:
             out += chunk
             if len(out) >= limit:
                 break

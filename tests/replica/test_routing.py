@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import anyio
 import pytest
 
 from mcp_epoch._internal.forward import MAX_MOVES, live_peers, route_for, route_to, successor_of
-from mcp_epoch._internal.inflight import InFlight, requests_in
+from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.snapshot import EpochRecord, EpochSnapshot
 from mcp_epoch.contract import ProcessEpoch
@@ -82,26 +80,6 @@ def test_live_peers_are_the_other_live_pods_with_an_address() -> None:
         EpochRecord("9f2c1a7e-5", "live", 0, None),
     )
     assert [str(p.epoch) for p in live_peers(snap, A)] == ["9f2c1a7e-2.3"]
-
-
-def test_requests_in_a_body() -> None:
-    def body(obj: object) -> bytes:
-        return json.dumps(obj).encode()
-
-    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {}}
-    assert requests_in(body(call)) == (["7"], [], True)
-    ping = {"jsonrpc": "2.0", "id": "p", "method": "ping"}
-    listing = {"jsonrpc": "2.0", "id": 8, "method": "tools/list"}
-    assert requests_in(body([ping, listing])) == (["p", "8"], [], False)
-    answer = {"jsonrpc": "2.0", "id": 3, "result": {}}  # the client answering the server
-    cancel = {
-        "jsonrpc": "2.0",
-        "method": "notifications/cancelled",
-        "params": {"requestId": 7},
-    }
-    assert requests_in(body([answer, cancel])) == ([], ["7"], False)
-    assert requests_in(b"not json") == ([], [], False)
-    assert requests_in(body({"id": True, "method": "tools/call"})) == ([], [], False)
 
 
 def test_a_call_is_in_flight_until_a_chunk_follows_its_answer() -> None:

@@ -66,7 +66,7 @@ async def _get(srv: KeepAliveServer, pool: upstream.Pool) -> bytes:
         write_timeout=2,
         pool=pool,
     )
-    body = b"".join([chunk async for chunk in answer.body()])
+    body = await answer.read(1 << 20)
     answer.close()
     answer.close()  # a second close must not give the connection back twice
     return body
@@ -103,3 +103,29 @@ async def test_a_connection_idle_too_long_is_not_reused(
     assert await _get(server, pool) == b"ok"
     assert server.accepted == 2
     pool.close()
+
+
+def test_a_request_head_is_written_as_received_with_its_framing() -> None:
+    head = upstream.request_head("POST", b"/mcp?x=1", [(b"host", b"a:1"), (b"x-a", b"b")], 7)
+    assert head == (
+        b"POST /mcp?x=1 HTTP/1.1\r\nhost: a:1\r\nx-a: b\r\n"
+        b"content-length: 7\r\nconnection: close\r\n\r\n"
+    )
+    kept = upstream.request_head("GET", b"/", [], 0, keep=True)
+    assert kept == b"GET / HTTP/1.1\r\ncontent-length: 0\r\nconnection: keep-alive\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        (b"x-a", b"b\r\nx-smuggled: 1"),
+        (b"x-a", b"b\nx-smuggled: 1"),
+        (b"x-a", b"b\r"),
+        (b"x-a\r\nx-b", b"c"),
+        (b"x-a: b\r\nx-b", b"c"),
+        (b"x:a", b"b"),
+    ],
+)
+def test_a_header_that_would_break_the_framing_is_never_sent(header: tuple[bytes, bytes]) -> None:
+    with pytest.raises(upstream.Refused, match="cannot be sent"):
+        upstream.request_head("POST", b"/mcp", [(b"host", b"a"), header], 0)

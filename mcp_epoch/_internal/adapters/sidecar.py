@@ -65,7 +65,7 @@ from mcp_epoch._internal.guard import (
     respond,
     send_rejection,
 )
-from mcp_epoch._internal.inflight import request_id_of
+from mcp_epoch._internal.postbody import read_post
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
 from mcp_epoch._internal.store import EpochEventStore, RawMessage
 from mcp_epoch._internal.unfinished import UNFINISHED
@@ -278,11 +278,11 @@ class UpstreamRelay:
             except upstream.Refused as exc:
                 self._down(str(exc))
                 msg = f"the MCP server behind this sidecar did not take the request ({exc}); retry"
-                await respond(send, 503, error_body(msg, request_id=request_id_of(body)))
+                await respond(send, 503, error_body(msg, request_id=read_post(body).single_id))
                 return None
             except upstream.Broken as exc:
                 msg = f"the MCP server closed the connection before it answered ({exc})"
-                await respond(send, 502, error_body(msg, request_id=request_id_of(body)))
+                await respond(send, 502, error_body(msg, request_id=read_post(body).single_id))
                 return None
             self._up()
             if attempt or answer.status != 404 or _header(scope, SESSION_HEADER) is None:
@@ -378,10 +378,12 @@ class UpstreamRelay:
         if answer.status != 200 or not _is_sse(answer):
             await self._relay_whole(answer, receive, send)
             return
-        calls = _call_ids(body)
-        stream_id = next(iter(calls), "")
+        post = read_post(body)
+        stream_id = next(iter(post.calls), "")
+        revision = tag.protocol_version if tag is not None else None
+        revision = revision or post.asked_version or DEFAULT_REVISION
         try:
-            await self._pump_call(answer, scope, send, stream_id, calls, _revision(tag, body))
+            await self._pump_call(answer, scope, send, stream_id, post.calls, revision)
         finally:
             answer.close()
 
@@ -423,7 +425,7 @@ class UpstreamRelay:
             parser = sse.Parser()
             delivered = False
             try:
-                async for chunk in current.body():
+                while (chunk := await current.chunk()) is not None:
                     for event in parser.feed(chunk):
                         if event.retry is not None:
                             wait_ms = event.retry
@@ -553,7 +555,7 @@ class UpstreamRelay:
     async def _pump_standalone(self, answer: upstream.Exchange, standalone: _Standalone) -> None:
         try:
             parser = sse.Parser()
-            async for chunk in answer.body():
+            while (chunk := await answer.chunk()) is not None:
                 for event in parser.feed(chunk):
                     message = _message(event)
                     if message is not None:
@@ -687,38 +689,6 @@ def _message(event: sse.Event) -> RawMessage | None:
             return RawMessage(event.data, final=True, id=rid)
     log.warning("dropped an upstream event that is not a JSON-RPC message: %.200s", event.data)
     return None
-
-
-def _call_ids(body: bytes) -> dict[str, str | int]:
-    """The JSON-RPC requests of a POST body: the SDK's stream name (``str(id)``) → the id."""
-    try:
-        parsed: Any = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return {}
-    out: dict[str, str | int] = {}
-    for item in parsed if isinstance(parsed, list) else [parsed]:
-        if isinstance(item, dict) and isinstance(item.get("method"), str):
-            rid = item.get("id")
-            if isinstance(rid, str | int) and not isinstance(rid, bool):
-                out[str(rid)] = rid
-    return out
-
-
-def _revision(tag: SessionTag | None, body: bytes) -> str:
-    """The revision the client speaks: its header's (the guard records it on the session), or
-    for ``initialize`` the one it asks for."""
-    if tag is not None and tag.protocol_version is not None:
-        return tag.protocol_version
-    try:
-        parsed: Any = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return DEFAULT_REVISION
-    if isinstance(parsed, dict) and parsed.get("method") == "initialize":
-        params = parsed.get("params")
-        version = params.get("protocolVersion") if isinstance(params, dict) else None
-        if isinstance(version, str):
-            return version
-    return DEFAULT_REVISION
 
 
 def sidecar_app(address: str, *, retry_ms: int = DEFAULT_RETRY_MS, **core: Any) -> EpochSafeApp:

@@ -1,0 +1,94 @@
+"""What a POST body asks for, read once.
+
+Several parts look into the same JSON-RPC body: the guard (which calls start, which are
+cancelled, whether one starts work, a ``logging/setLevel``), the sidecar's relay (the calls it
+must answer if the upstream does not, the revision an ``initialize`` asks for) and every error
+answer (the id to echo). Parsing it once per look cost a fifth of the sidecar's own time on a
+short request, so it is parsed once here and the last body's reading is kept: a body equal to
+it reads the same, whoever asks, so sharing it is correct without any request context.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+#: Requests a draining process refuses on its own sessions: those that start work of
+#: unbounded length. Everything else is answered at once, and clients need it to finish the
+#: calls they have (the SDK client lists tools to check a call's result, pings a session).
+WORK_METHODS: Final = frozenset({"tools/call"})
+
+
+@dataclass(frozen=True, slots=True)
+class PostBody:
+    """One POST body's JSON-RPC content; all empty for a body that is not JSON-RPC (the
+    server behind answers it, and there is no call to wait for)."""
+
+    body: bytes
+    #: Its requests: each id as the SDK names the request's stream (``str(id)``), to the id as
+    #: sent.
+    calls: dict[str, str | int]
+    #: The ids named by ``notifications/cancelled``, as stream names.
+    cancelled: tuple[str, ...] = ()
+    #: Whether a request starts work (see :data:`WORK_METHODS`).
+    work: bool = False
+    #: The level of a ``logging/setLevel`` request (it moves with a session).
+    log_level: str | None = None
+    #: The id of the one request of a body that is a single message, as sent (for an error
+    #: answer to echo).
+    single_id: str | int | None = None
+    #: The revision an ``initialize`` asks for.
+    asked_version: str | None = None
+
+
+_last: PostBody | None = None
+
+
+def read_post(body: bytes) -> PostBody:
+    """``body``'s JSON-RPC content (see :class:`PostBody`)."""
+    global _last
+    last = _last
+    if last is not None and (last.body is body or last.body == body):
+        return last
+    _last = read = _read(body)
+    return read
+
+
+def _id(value: Any) -> str | int | None:
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+
+
+def _read(body: bytes) -> PostBody:
+    try:
+        parsed: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return PostBody(body, {})
+    calls: dict[str, str | int] = {}
+    cancelled: list[str] = []
+    work = False
+    level = asked = None
+    for item in parsed if isinstance(parsed, list) else [parsed]:
+        method = item.get("method") if isinstance(item, dict) else None
+        if not isinstance(method, str):
+            continue
+        params = item.get("params")
+        rid = _id(item.get("id"))
+        if rid is not None:
+            calls[str(rid)] = rid
+            work = work or method in WORK_METHODS
+        elif method == "notifications/cancelled" and isinstance(params, dict):
+            named = _id(params.get("requestId"))
+            if named is not None:
+                cancelled.append(str(named))
+        if not isinstance(params, dict):
+            continue
+        if method == "logging/setLevel":
+            value = params.get("level")
+            level = value if isinstance(value, str) and len(value) <= 32 else level
+        elif method == "initialize" and isinstance(params.get("protocolVersion"), str):
+            asked = params["protocolVersion"]
+    single = None
+    if isinstance(parsed, dict) and "method" in parsed:
+        single = _id(parsed.get("id"))
+    return PostBody(body, calls, tuple(cancelled), work, level, single, asked)

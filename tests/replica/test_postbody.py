@@ -1,0 +1,58 @@
+"""What a POST body asks for, read once (:mod:`mcp_epoch._internal.postbody`)."""
+
+from __future__ import annotations
+
+import json
+
+from mcp_epoch._internal.postbody import read_post
+
+
+def body(obj: object) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def test_requests_are_named_as_the_sdk_names_their_streams() -> None:
+    call = read_post(body({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {}}))
+    assert (call.calls, call.work, call.single_id) == ({"7": 7}, True, 7)
+    ping = {"jsonrpc": "2.0", "id": "p", "method": "ping"}
+    listing = {"jsonrpc": "2.0", "id": 8, "method": "tools/list"}
+    batch = read_post(body([ping, listing]))
+    assert (batch.calls, batch.work, batch.single_id) == ({"p": "p", "8": 8}, False, None)
+
+
+def test_cancellations_and_answers_start_no_call() -> None:
+    answer = {"jsonrpc": "2.0", "id": 3, "result": {}}  # the client answering the server
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
+    read = read_post(body([answer, cancel]))
+    assert (read.calls, read.cancelled, read.work) == ({}, ("7",), False)
+
+
+def test_what_is_not_json_rpc_asks_for_nothing() -> None:
+    for raw in (b"not json", b"\xff\xfe", b"[1, null]", body({"id": True, "method": "tools/call"})):
+        read = read_post(raw)
+        assert (read.calls, read.cancelled, read.work, read.single_id) == ({}, (), False, None)
+
+
+def test_log_level_and_the_revision_an_initialize_asks_for() -> None:
+    level = {"jsonrpc": "2.0", "id": 1, "method": "logging/setLevel", "params": {"level": "debug"}}
+    assert read_post(body(level)).log_level == "debug"
+    flood = dict(level, params={"level": "x" * 33})
+    assert read_post(body(flood)).log_level is None
+    init = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}},
+    }
+    assert read_post(body(init)).asked_version == "2025-11-25"
+    assert read_post(body(dict(init, params={"protocolVersion": 5}))).asked_version is None
+
+
+def test_a_body_equal_to_the_last_reads_the_same_and_another_anew() -> None:
+    first = body({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    again = bytes(bytearray(first))  # equal, not the same object
+    assert again is not first
+    assert read_post(again) is read_post(first)
+    other = read_post(body({"jsonrpc": "2.0", "id": 2, "method": "ping"}))
+    assert other.calls == {"2": 2}
+    assert read_post(first).calls == {"1": 1}
