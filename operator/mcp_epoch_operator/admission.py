@@ -253,6 +253,9 @@ class AdmissionServer:
         self._stopping: asyncio.Event | None = None
         self._ready = threading.Event()
         self._failure: BaseException | None = None
+        #: The SHA-256 of the certificate this process serves, which a relay pins: every
+        #: operator replica serves the same one (one Secret). Read at start and at each reload.
+        self._fingerprint = b""
 
     @property
     def retries(self) -> int:
@@ -356,6 +359,7 @@ class AdmissionServer:
                 WEBHOOK_PATH,
                 self.serving.peer_address,
             )
+            self._fingerprint = _fingerprint(self.serving.cert)
             rounds = asyncio.create_task(lease.run(), name="mcp-epoch-admission-lease")
             self._ready.set()
             reload = asyncio.create_task(self._follow_certificate(context))
@@ -400,6 +404,7 @@ class AdmissionServer:
                     continue
                 self._tls()  # raises if the new pair does not load
                 context.load_cert_chain(*files)
+                self._fingerprint = _fingerprint(self.serving.cert)
             except (OSError, ssl.SSLError) as exc:
                 log.error(
                     "webhook certificate %s changed but cannot be loaded (%s); still serving "
@@ -479,7 +484,7 @@ class AdmissionServer:
                 f"https://{address}{WEBHOOK_PATH}",
                 data=raw,
                 headers={RELAYED_HEADER: self.identity, "Content-Type": "application/json"},
-                ssl=aiohttp.Fingerprint(self._fingerprint()),
+                ssl=aiohttp.Fingerprint(self._fingerprint),
                 timeout=aiohttp.ClientTimeout(total=remaining),
             ) as answer:
                 body = await answer.read()
@@ -491,8 +496,7 @@ class AdmissionServer:
             await lease.changed(min(max(remaining - 0.1, 0.0), lease.every))
             return None
 
-    def _fingerprint(self) -> bytes:
-        """The SHA-256 of this process's own serving certificate: every operator replica
-        serves the same one (one Secret), so a relay trusts exactly it."""
-        pem = self.serving.cert.read_text()
-        return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).digest()
+
+def _fingerprint(cert: Path) -> bytes:
+    """The SHA-256 of the PEM certificate at ``cert`` (what a relay's TLS pins)."""
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(cert.read_text())).digest()

@@ -20,6 +20,7 @@ from epochsvc.service.deps import (
     parse_any_epoch,
 )
 from epochsvc.service.errors import ApiError
+from epochsvc.service.issued import announce_issued
 from epochsvc.service.lifecycle import Action, State
 from epochsvc.service.models import epoch_of, fields_of
 from epochsvc.service.store.base import UnknownEpoch
@@ -66,8 +67,7 @@ async def issue_epoch(
     (200 instead of 201)."""
     record, created = await store.issue(body.namespace, body.server, body.request_uid)
     if created:
-        notifier.notify_server(record.namespace, record.server, record.revision)
-        metrics.issued.labels(body.namespace, body.server).inc()
+        announce_issued(notifier, metrics, body.namespace, body.server, [record])
     else:
         response.status_code = status.HTTP_200_OK
     return epoch_of(record)

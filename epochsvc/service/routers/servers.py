@@ -11,6 +11,7 @@ from epochsvc.service.access import shown
 from epochsvc.service.auth import AnyCaller, Operator
 from epochsvc.service.deps import Config, Lists, MetricsDep, Notifier, Rules, Store, json_body
 from epochsvc.service.held import HeldResponse
+from epochsvc.service.issued import announce_issued
 from epochsvc.service.lifecycle import State
 from epochsvc.service.models import epoch_of
 from epochsvc.service.settings import Settings
@@ -110,8 +111,6 @@ async def issue_epochs(
     does."""
     issued = await asyncio.gather(*(store.issue(namespace, server, u) for u in body.request_uids))
     created = [record for record, made in issued if made]
-    if created:
-        notifier.notify_server(namespace, server, max(r.revision for r in created))
-        metrics.issued.labels(namespace, server).inc(len(created))
+    announce_issued(notifier, metrics, namespace, server, created)
     records = sorted((record for record, _ in issued), key=lambda r: r.generation)
     return IssuedEpochs(epochs=[epoch_of(r) for r in records])
