@@ -8,7 +8,9 @@
   path (an event ID per message, a priming event per stream) and nothing of ours;
 * ``none``: the SDK's own app with no event store.
 
-Every variant runs on the same uvicorn settings. It prints one JSON line once it listens.
+Every variant runs on the same uvicorn settings, and the same garbage collection
+(``mcp_epoch.serve`` freezes the startup objects; the SDK's variants do it too). It prints one
+JSON line once it listens.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     store = NoopEventStore() if args.store == "noop" else None
     server = uvicorn.Server(uvicorn.Config(mcp.streamable_http_app(event_store=store), **options))
-    run_announcing(server, announce)
+    run_announcing(server, announce, as_mcp_epoch_serves=True)
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import uvicorn
 
+from mcp_epoch._internal.serve import freeze_startup_objects
 from tests.support.ports import free_port
 
 
@@ -35,12 +36,19 @@ def start_server(
     return proc, port
 
 
-def run_announcing(server: uvicorn.Server, announce: Callable[[], None]) -> None:
-    """Run ``server``, calling ``announce`` (which prints the line) once it listens."""
+def run_announcing(
+    server: uvicorn.Server, announce: Callable[[], None], *, as_mcp_epoch_serves: bool = False
+) -> None:
+    """Run ``server``, calling ``announce`` (which prints the line) once it listens.
+    ``as_mcp_epoch_serves``: treat the process as ``mcp_epoch.serve`` does its own (the startup
+    objects frozen for the collector), so that a comparison with it measures mcp-epoch's work,
+    not a difference in garbage collection."""
     original = server.startup
 
     async def startup(sockets: Any = None) -> None:
         await original(sockets)
+        if as_mcp_epoch_serves:
+            freeze_startup_objects()
         announce()
 
     server.startup = startup  # type: ignore[method-assign]

@@ -11,6 +11,7 @@ exits at once. This module imports ``uvicorn`` (a dependency of the MCP SDK).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
 import struct
@@ -35,10 +36,13 @@ class DrainingServer(uvicorn.Server):
         config: uvicorn.Config,
         epoch_app: EpochSafeApp,
         on_started: Callable[[EpochSafeApp], None] | None = None,
+        *,
+        freeze: bool = False,
     ) -> None:
         super().__init__(config)
         self.epoch_app = epoch_app
         self.on_started = on_started
+        self.freeze = freeze  # the process is this server's: see freeze_startup_objects
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
         self._drained: asyncio.Future[DrainResult] | None = None
@@ -54,6 +58,8 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.freeze:
+            freeze_startup_objects()
         if isinstance(self.epoch_app, EpochSafeApp):
             self.epoch_app.drain_trigger = self.drain_now  # a drain request drains as we do
         if self.started and self.on_started is not None:
@@ -112,6 +118,17 @@ class DrainingServer(uvicorn.Server):
 _ACCESS_LEVELS = frozenset({"trace", "debug", "info"})
 
 
+def freeze_startup_objects() -> None:
+    """Move everything alive once the server has started (modules, classes, the SDK's and
+    pydantic's schemas: ~100,000 objects in an SDK server) out of the cyclic collector's sight.
+    Each full collection walked all of them, 60-80 ms with every request waiting, a few times a
+    minute under load; frozen, it walks what requests create (~15 ms). They are still freed by
+    reference counting; only a cycle among them that becomes garbage later is never
+    reclaimed, a bounded one-time cost (the standard library's ``gc.freeze`` trade-off)."""
+    gc.collect()
+    gc.freeze()
+
+
 def _reset_on_close(transport: asyncio.BaseTransport | None) -> None:
     """Make the closing of ``transport`` a TCP reset (SO_LINGER 0), if it is a socket's."""
     sock = None if transport is None else transport.get_extra_info("socket")
@@ -147,4 +164,4 @@ def serve(
     level = options.get("log_level")
     options.setdefault("access_log", level is None or str(level).lower() in _ACCESS_LEVELS)
     config = uvicorn.Config(asgi if asgi is not None else app, host=host, port=port, **options)
-    DrainingServer(config, app, on_started).run(sockets=sockets)
+    DrainingServer(config, app, on_started, freeze=True).run(sockets=sockets)
