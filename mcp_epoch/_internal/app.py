@@ -354,18 +354,6 @@ class EpochSafeApp:
                     if tag.session_id is not None:
                         tg.start_soon(end, tag)
 
-    def _closing_when_draining(self, send: Send) -> Send:
-        """While draining, every answer says ``Connection: close``: no client or peer keeps an
-        idle connection to this process, so none sends a request on a connection the process
-        is closing as it exits (it would be lost unanswered, and unknowable as "not run")."""
-
-        async def closing(message: Message) -> None:
-            if message["type"] == "http.response.start" and self._guard.is_draining():
-                message = _with_close(message)
-            await send(message)
-
-        return closing
-
     async def close(self) -> None:
         """Stop following the ledger (forwards hold nothing between requests)."""
         ring = follower()
@@ -459,7 +447,7 @@ class EpochSafeApp:
         if scope["type"] == "http":
             if self._template is None:
                 self._template = {k: v for k, v in scope.items() if k != "headers"}
-            await self._guard(scope, receive, self._closing_when_draining(send))
+            await self._guard(scope, receive, send)
             return
         if scope["type"] != "lifespan":
             await self._guard(scope, receive, send)
@@ -474,8 +462,3 @@ class EpochSafeApp:
             return message
 
         await self._guard(scope, lifespan_receive, send)
-
-
-def _with_close(message: Message) -> Message:
-    headers = [h for h in message.get("headers", ()) if bytes(h[0]).lower() != b"connection"]
-    return {**message, "headers": [*headers, (b"connection", b"close")]}

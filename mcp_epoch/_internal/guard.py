@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -188,10 +188,25 @@ class ResumptionGuard:
         rec = view.epochs.get(self.store.pod_text)
         return rec is not None and rec.state == "draining"
 
+    def _closing(self, send: Send) -> Send:
+        """While draining, every answer says ``Connection: close``: no client or peer keeps an
+        idle connection to this process, so none sends a request on a connection the process
+        is closing as it exits (it would be lost unanswered, and unknowable as "not run").
+        The app's own answers get it from :meth:`_wrap_send` instead, one layer fewer on each
+        of their chunks."""
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and self.is_draining():
+                message = {**message, "headers": _with_close(message.get("headers", ()))}
+            await send(message)
+
+        return closing
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        raw_send, send = send, self._closing(send)
         headers: dict[bytes, bytes] = {}
         for key, value in scope["headers"]:
             headers.setdefault(bytes(key).lower(), bytes(value))
@@ -270,7 +285,7 @@ class ResumptionGuard:
         if held is None and sid is not None:
             held = self.sessions.get(sid.local)
         local = held.session_id if held is not None else sid.local if sid is not None else None
-        request = _Request(scope, body, receive, send, method, forwarded, revision)
+        request = _Request(scope, body, receive, send, method, forwarded, revision, raw_send)
         await self._serve(request, held, local, cursor)
 
     async def _to_owner(
@@ -424,7 +439,7 @@ class ResumptionGuard:
         resume = ResumeState() if cursor is not None else None
         token = current_session.set(tag)
         resume_token = current_resume.set(resume)
-        wrapped = self._wrap_send(send, tag, fresh, resume, streams + calls, call_stream)
+        wrapped = self._wrap_send(request, tag, fresh, resume, streams + calls, call_stream)
         try:
             await self.app(scope, receive, wrapped)
         finally:
@@ -521,7 +536,7 @@ class ResumptionGuard:
 
     def _wrap_send(
         self,
-        send: Send,
+        request: _Request,
         tag: SessionTag | None,
         fresh: bool,
         resume: ResumeState | None,
@@ -529,6 +544,7 @@ class ResumptionGuard:
         call_stream: bool = False,
     ) -> Send:
         own = self.store.epoch_text
+        send, closing = request.raw_send, request.send
         # The task uvicorn logs from, held weakly: a strong reference from this closure (which
         # the SDK's own send chain may keep in a reference cycle) tied the whole request's
         # task and frames into that cycle, for the cyclic collector to find: measured, ~11%
@@ -543,9 +559,11 @@ class ResumptionGuard:
                 if resume is not None and message.get("status", 200) >= 500:
                     # The SDK failed after we accepted (e.g. the store raised): translate.
                     swallowing = True
-                    await send_rejection(send, "unknown", "the server could not replay")
+                    await send_rejection(closing, "unknown", "the server could not replay")
                     return
                 headers = self._outgoing(message, tag, fresh, own)
+                if self.is_draining():
+                    headers = _with_close(headers)
                 if call_stream:
                     headers.append((CALL_STREAM_HEADER.encode(), b"1"))
                 message = dict(message, headers=headers)
@@ -602,6 +620,13 @@ class ResumptionGuard:
         return out
 
 
+def _with_close(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``Connection: close`` in place of any ``Connection`` field."""
+    return [h for h in headers if bytes(h[0]).lower() != b"connection"] + [
+        (b"connection", b"close")
+    ]
+
+
 def _with_session(headers: Sequence[tuple[bytes, bytes]], local: str) -> list[tuple[bytes, bytes]]:
     """The request's headers with the SDK's own session ID instead of the one clients see."""
     return [
@@ -636,6 +661,8 @@ class _Request:
     method: str | None
     forwarded: bool
     revision: bytes | None  # its Mcp-Protocol-Version
+    #: ``send`` without the guard's own "close while draining" layer (see ``_closing``).
+    raw_send: Send
 
 
 def _events(plan: TailPlan) -> bytes:
