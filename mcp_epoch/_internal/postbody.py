@@ -11,6 +11,7 @@ it reads the same, whoever asks, so sharing it is correct without any request co
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -27,8 +28,8 @@ class PostBody:
 
     body: bytes
     #: Its requests: each id as the SDK names the request's stream (``str(id)``), to the id as
-    #: sent.
-    calls: dict[str, str | int]
+    #: sent. Read-only: one reading is shared by every request with an equal body.
+    calls: Mapping[str, str | int]
     #: The ids named by ``notifications/cancelled``, as stream names.
     cancelled: tuple[str, ...] = ()
     #: Whether a request starts work (see :data:`WORK_METHODS`).

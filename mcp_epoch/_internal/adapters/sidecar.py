@@ -37,7 +37,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import anyio
@@ -393,7 +393,7 @@ class UpstreamRelay:
         scope: Scope,
         send: Send,
         stream_id: str,
-        calls: dict[str, str | int],
+        calls: Mapping[str, str | int],
         revision: str,
     ) -> None:
         """A call's stream: every event filed, then sent while the client is there, to the
