@@ -1,6 +1,6 @@
 """What mcp-epoch costs an SDK server: tool calls with progress, served three ways.
 
-    python -m bench guard [--seconds 2] [--clients 8] [--steps 10] [--rounds 15]
+    python -m bench guard [--seconds 0.4] [--slices 6] [--clients 8] [--steps 10] [--rounds 15]
 
 One ``MCPServer`` (``bench/guard_server.py``) with a tool that sends ``--steps`` progress
 notifications and answers, served (one process each, same uvicorn settings) with mcp-epoch
@@ -11,10 +11,13 @@ latency with one call at a time (no queueing). Each server is one Python process
 and the Go client costs a fraction of the other core, so the server is the bottleneck.
 
 The three run side by side for the whole benchmark and are loaded one at a time, in short
-slices that alternate in order round by round. A ratio is the median over rounds of the ratio
-within one round: on a shared two-core VM the machine's speed drifts by more than the gap
-being measured (whole runs of one server after another differed by 20% or more), and paired
-slices see the same machine. Each server's CPU per call is shown too. Targets: throughput
+slices that alternate in order (a b c, c b a, ...); a round pools ``--slices`` slices of each.
+A ratio is the median over rounds of the ratio within one round: on a shared two-core VM the
+machine's speed drifts by more than the gap being measured (whole runs of one server after
+another differed by 20% or more), and interleaved slices a fraction of a second long see the
+same machine. Rounds of one 2 s slice per server spread 0.79-1.12x; pooled 0.4 s slices put
+two identical servers within a standard deviation of 0.035 per round. Each server's CPU per
+call is shown too. Targets: throughput
 >= 0.95x the no-op store (our own cost) and >= 0.90x no store; p99 at most 1 ms above the
 no-op store.
 """
@@ -76,9 +79,10 @@ class Served:
     proc: subprocess.Popen[str]
     url: str
     headers: dict[str, str]
-    busy: list[Load] = field(default_factory=list)
+    busy: list[Load] = field(default_factory=list)  # one per round, its slices pooled
     alone: list[Load] = field(default_factory=list)
-    cpu_ms: list[float] = field(default_factory=list)  # server CPU per call, busy slices
+    cpu_ms: list[float] = field(default_factory=list)  # server CPU per call, one per round
+    _slices: list[tuple[Load, float, float]] = field(default_factory=list)
 
     def load(self, clients: int, seconds: float, steps: int) -> Load:
         return run(
@@ -95,21 +99,41 @@ class Served:
     def slice(self, clients: int, seconds: float, steps: int) -> None:
         before = cpu_seconds(self.proc.pid)
         busy = self.load(clients, seconds, steps)
-        used = cpu_seconds(self.proc.pid) - before
-        self.busy.append(busy)
-        self.cpu_ms.append(used / max(busy.requests, 1) * 1e3)
+        self._slices.append((busy, seconds, cpu_seconds(self.proc.pid) - before))
+
+    def end_round(self) -> None:
+        """Pool this round's slices into one figure (throughput, CPU per call, errors)."""
+        loads = [load for load, _, _ in self._slices]
+        requests = sum(load.requests for load in loads)
+        seconds = sum(s for _, s, _ in self._slices)
+        used = sum(c for _, _, c in self._slices)
+        failed = next((load for load in loads if load.errors), None)
+        self.busy.append(
+            Load(
+                requests=requests,
+                errors=sum(load.errors for load in loads),
+                per_sec=requests / seconds,
+                p50_ms=statistics.median(load.p50_ms for load in loads),
+                p99_ms=max(load.p99_ms for load in loads),
+                first_error="" if failed is None else failed.first_error,
+            )
+        )
+        self.cpu_ms.append(used / max(requests, 1) * 1e3)
+        self._slices.clear()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench guard")
-    ap.add_argument("--seconds", type=float, default=2.0, help="per slice of load")
+    ap.add_argument("--seconds", type=float, default=0.4, help="per slice of load")
+    ap.add_argument("--slices", type=int, default=6, help="slices per server in a round")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--quick", action="store_true", help="1 s slices, 4 rounds")
+    ap.add_argument("--alone", type=float, default=1.0, help="seconds of latency per round")
+    ap.add_argument("--quick", action="store_true", help="4 rounds of 4 slices")
     args = ap.parse_args(argv)
     if args.quick:
-        args.seconds, args.rounds = 1.0, 4
+        args.rounds, args.slices, args.alone = 4, 4, 0.5
     work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
     servers: dict[str, Served] = {}
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
@@ -122,11 +146,13 @@ def main(argv: list[str] | None = None) -> int:
                 servers[store] = Served(proc, url, _session_headers(url, args.steps))
                 servers[store].load(args.clients, 1.0, args.steps)  # warm-up
             for rnd in range(args.rounds):
-                order = STORES if rnd % 2 == 0 else tuple(reversed(STORES))
+                for k in range(args.slices):
+                    order = STORES if k % 2 == 0 else tuple(reversed(STORES))
+                    for store in order:
+                        servers[store].slice(args.clients, args.seconds, args.steps)
                 for store in order:
-                    servers[store].slice(args.clients, args.seconds, args.steps)
-                for store in order:
-                    alone = servers[store].load(1, args.seconds / 2, args.steps)
+                    servers[store].end_round()
+                    alone = servers[store].load(1, args.alone, args.steps)
                     servers[store].alone.append(alone)
                 print(
                     f"  round {rnd + 1:2}: "
@@ -153,8 +179,8 @@ def _report(servers: dict[str, Served], args: argparse.Namespace) -> int:
     vs_none = paired("epoch", "none")
     added = p99["epoch"] - p99["noop"]
     print(
-        f"tool calls with {args.steps} progress events, {args.rounds} rounds of "
-        f"{args.seconds:g} s slices, the three servers side by side: throughput with "
+        f"tool calls with {args.steps} progress events, {args.rounds} rounds of {args.slices} "
+        f"{args.seconds:g} s slices each, the three servers side by side: throughput with "
         f"{args.clients} in flight, latency one call at a time (Go client; the server is the "
         "bottleneck)"
     )

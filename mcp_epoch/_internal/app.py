@@ -144,7 +144,6 @@ class EpochSafeApp:
             buffer=lambda: self.store.buffer,
             epoch=lambda: self.store.epoch,
             snapshot=self.store.snapshot,
-            to_json=self.store.message_json,
             enabled=self.config.handoff,
         )
         self._guard.wait_view = self._wait_view

@@ -553,52 +553,61 @@ class ResumptionGuard:
         swallowing = False
         whole = False  # a JSON (not SSE) answer: its end delivers the call
 
+        inflight = self.inflight
+        keys = [(tag, rid) for rid in streams]
+
         async def wrapped(message: Message) -> None:
             nonlocal swallowing, whole
-            if message["type"] == "http.response.start":
-                if resume is not None and message.get("status", 200) >= 500:
-                    # The SDK failed after we accepted (e.g. the store raised): translate.
-                    swallowing = True
-                    await send_rejection(closing, "unknown", "the server could not replay")
+            kind = message["type"]
+            if kind == "http.response.body":  # most messages: kept to the fewest steps
+                if swallowing:
                     return
-                headers = self._outgoing(message, tag, fresh, own)
-                if self.is_draining():
-                    headers = _with_close(headers)
-                if call_stream:
-                    headers.append((CALL_STREAM_HEADER.encode(), b"1"))
-                message = dict(message, headers=headers)
-                if resume is None and message.get("status", 200) >= 400:
-                    for rid in streams:  # refused by the SDK (e.g. an ended session): no call
-                        self.inflight.forget((tag, rid))
-                whole = message.get("status", 200) < 300 and any(
-                    bytes(k).lower() == b"content-type" and bytes(v).startswith(b"application/json")
-                    for k, v in message["headers"]
-                )
-            elif swallowing:
+                more = message.get("more_body", False)
+                if not more and tag is not None and tag.ending:
+                    # A drain that ran out of time ends this session: its streams are cut,
+                    # not ended, so the client comes back (and hears the session is gone)
+                    # instead of waiting for an answer on a stream that looks complete.
+                    UNFINISHED.expect(None if task is None else task())
+                    return
+                if not more and resume is not None and resume.broken:
+                    # Never end a resumed stream that lost events as if it were complete:
+                    # without its last chunk the server closes the connection, and the client
+                    # reconnects from the cursor it really has (and is told ``gap``).
+                    log.warning("resumed stream overtaken by eviction; aborting its connection")
+                    return
+                await send(message)
+                # A chunk written after the call's answer was stored carries that answer (it
+                # is the last message of its stream): the call is delivered. Clients often
+                # close a stream once they have the answer, before its final empty chunk.
+                for key in keys:
+                    if whole and not more:
+                        inflight.delivered_whole(key)
+                    else:
+                        inflight.sent_after(key)
                 return
-            elif tag is not None and tag.ending and not message.get("more_body", False):
-                # A drain that ran out of time ends this session: its streams are cut, not
-                # ended, so the client comes back (and hears the session is gone) instead of
-                # waiting for an answer on a stream that looks complete.
-                UNFINISHED.expect(None if task is None else task())
+            if kind != "http.response.start":
+                if not swallowing:
+                    await send(message)
                 return
-            elif resume is not None and resume.broken and not message.get("more_body", False):
-                # Never end a resumed stream that lost events as if it were complete: without
-                # its last chunk the server closes the connection, and the client reconnects
-                # from the cursor it really has (and is told ``gap``).
-                log.warning("resumed stream overtaken by eviction; aborting its connection")
+            if resume is not None and message.get("status", 200) >= 500:
+                # The SDK failed after we accepted (e.g. the store raised): translate.
+                swallowing = True
+                await send_rejection(closing, "unknown", "the server could not replay")
                 return
-            await send(message)
-            if message["type"] != "http.response.body" or not streams:
-                return
-            # A chunk written after the call's answer was stored carries that answer (it is the
-            # last message of its stream): the call is delivered. Clients often close a stream
-            # once they have the answer, before its final empty chunk.
-            for rid in streams:
-                if whole and not message.get("more_body", False):
-                    self.inflight.delivered_whole((tag, rid))
-                else:
-                    self.inflight.sent_after((tag, rid))
+            headers = self._outgoing(message, tag, fresh, own)
+            if self.is_draining():
+                headers = _with_close(headers)
+            if call_stream:
+                headers.append((CALL_STREAM_HEADER.encode(), b"1"))
+            status = message.get("status", 200)
+            if resume is None and status >= 400:
+                for key in keys:  # refused by the SDK (e.g. an ended session): no call
+                    inflight.forget(key)
+            whole = status < 300 and any(
+                bytes(k).lower() == b"content-type" and bytes(v).startswith(b"application/json")
+                for k, v in headers
+            )
+            await send(dict(message, headers=headers))
 
         return wrapped
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import anyio
 import httpx
@@ -66,7 +66,6 @@ class Handoff:
         buffer: Callable[[], ReplayBuffer],
         epoch: Callable[[], ProcessEpoch],
         snapshot: Callable[[], EpochSnapshot],
-        to_json: Callable[[Any], str],
         enabled: bool = True,
     ) -> None:
         self._config = config
@@ -75,7 +74,6 @@ class Handoff:
         self._buffer = buffer
         self._epoch = epoch
         self._snapshot = snapshot
-        self._to_json = to_json
         self.enabled = enabled
         self.successor: Route | None = None
         self._chosen = False
@@ -240,9 +238,7 @@ class Handoff:
         return out
 
     def _tail_event(self, ev: BufferedEvent) -> TailEvent:
-        return TailEvent(
-            ev.seq, ev.stream_id, None if ev.message is None else self._to_json(ev.message)
-        )
+        return TailEvent(ev.seq, ev.stream_id, ev.message)  # the store keeps the JSON text
 
     async def _send(
         self, route: Route, sessions: dict[str, tuple[SessionTag, HandedSession]]

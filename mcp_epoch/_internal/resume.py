@@ -77,7 +77,6 @@ async def follow(
     plan: ReplayPlan,
     owner: Hashable | None,
     send: Callable[[BufferedEvent], Awaitable[None]],
-    is_final: Callable[[BufferedEvent], bool],
 ) -> None:
     """Send ``plan.events``, then every later event of the plan's stream, until a final one.
 
@@ -85,11 +84,9 @@ async def follow(
     them, and appends happen on the same event loop, so no append can slip between the two.
     """
     cursor = buffer.get(plan.cursor.seq)
-    if cursor is not None and is_final(cursor):
+    if cursor is not None and cursor.final:
         return  # the client already has the final response: nothing follows it
-    await follow_from(
-        buffer, followers, plan.events, plan.upto, owner, plan.stream_id, send, is_final
-    )
+    await follow_from(buffer, followers, plan.events, plan.upto, owner, plan.stream_id, send)
 
 
 async def follow_from(
@@ -100,7 +97,6 @@ async def follow_from(
     owner: Hashable | None,
     stream_id: str,
     send: Callable[[BufferedEvent], Awaitable[None]],
-    is_final: Callable[[BufferedEvent], bool],
 ) -> None:
     """Send ``events``, then every event of (``owner``, ``stream_id``) from seq ``pos`` on,
     until a final one. With no ``events`` and ``pos`` the buffer's next seq, that is a stream
@@ -109,7 +105,7 @@ async def follow_from(
     while True:
         for ev in events:
             await send(ev)
-            if is_final(ev):
+            if ev.final:
                 return
         while True:
             events = _ours_from(buffer, pos, owner, stream_id)

@@ -47,15 +47,10 @@ class RawMessage(NamedTuple):
         return self.json
 
 
-def is_final(message: Any) -> bool:
-    """A response or error ends its request's stream (the SDK's own writer stops there too)."""
-    if isinstance(message, RawMessage):
-        return message.final
-    return isinstance(message, JSONRPCResponse | JSONRPCError)
-
-
-def _is_final(ev: BufferedEvent) -> bool:
-    return is_final(ev.message)
+def as_sent(ev: BufferedEvent) -> Any:
+    """A buffered event's message as the SDK's writer takes it, a :class:`RawMessage` standing
+    in for its model (``None``: a priming event)."""
+    return None if ev.message is None else RawMessage(ev.message, ev.final)
 
 
 class SnapshotSource(Protocol):
@@ -121,7 +116,7 @@ class EpochEventStore(EventStore):
 
     @staticmethod
     def message_json(message: JSONRPCMessage | RawMessage) -> str:
-        """A buffered message as the SDK writes it on a stream (what a handoff carries)."""
+        """A message as the SDK writes it on a stream (and as the buffer keeps it)."""
         return message.model_dump_json(by_alias=True, exclude_unset=True)
 
     def event_id(self, seq: int) -> str:
@@ -133,8 +128,17 @@ class EpochEventStore(EventStore):
         buffer = self.buffer
         owner = current_session.get()
         event_id = self._prefix + str(buffer.next_seq)
-        buffer.append(owner, stream_id, message, event_id)
-        if self.inflight is not None and is_final(message):
+        # Kept as the text it is sent as: one string, which the collector never walks, where
+        # an SDK model is a handful of tracked objects held for the whole window.
+        text: str | None = None
+        final = False
+        if type(message) is RawMessage:
+            text, final = message.json, message.final
+        elif message is not None:
+            text = message.model_dump_json(by_alias=True, exclude_unset=True)
+            final = isinstance(message, JSONRPCResponse | JSONRPCError)
+        buffer.append(owner, stream_id, text, event_id, final)
+        if final and self.inflight is not None:
             self.inflight.answered((owner, stream_id))
         if self._followers:
             self._followers.wake((owner, stream_id))
@@ -165,9 +169,9 @@ class EpochEventStore(EventStore):
         try:
 
             async def send(ev: BufferedEvent) -> None:
-                await send_callback(EventMessage(ev.message, ev.event_id))
+                await send_callback(EventMessage(as_sent(ev), ev.event_id))
 
-            await follow(self.buffer, self._followers, plan, owner, send, _is_final)
+            await follow(self.buffer, self._followers, plan, owner, send)
         except ResumptionGap:
             mark_broken()
             raise
@@ -179,10 +183,8 @@ class EpochEventStore(EventStore):
         owner = current_session.get()
 
         async def send(ev: BufferedEvent) -> None:
-            await send_callback(EventMessage(ev.message, ev.event_id))
+            await send_callback(EventMessage(as_sent(ev), ev.event_id))
 
         if self.buffer.is_evicted(since):
             raise ResumptionGap(f"event {since} was evicted before the stream could send it")
-        await follow_from(
-            self.buffer, self._followers, (), since, owner, stream_id, send, _is_final
-        )
+        await follow_from(self.buffer, self._followers, (), since, owner, stream_id, send)

@@ -159,7 +159,7 @@ def test_buffer_memory_is_bounded_and_replay_is_the_exact_suffix() -> None:
     buf = ReplayBuffer(100)
     for i in range(100_000):
         buf.append("A", "s", i)
-    assert len(buf._slots) == 100 and len(buf) == 100
+    assert len(buf._messages) == 100 and len(buf._owners) == 100 and len(buf) == 100
     plan = decide(f"{OWN}:{100_000 - 10}", OWN, buf, EpochSnapshot(), "A")
     assert [e.message for e in plan.events] == list(range(100_000 - 10, 100_000))
     with pytest.raises(ResumptionGap):

@@ -33,6 +33,15 @@ def test_what_is_not_json_rpc_asks_for_nothing() -> None:
         assert (read.calls, read.cancelled, read.work, read.single_id) == ({}, (), False, None)
 
 
+def test_a_hostile_deeply_nested_body_is_not_json_rpc_and_raises_nothing() -> None:
+    # json.loads raised RecursionError out of the request for this; the SDK answers it with
+    # its own parse error, and the guard must let it get that far.
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert read_post(deep).calls == {} and not read_post(deep).work
+    nested = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": ' + deep + b"}"
+    assert read_post(nested).calls == {}
+
+
 def test_log_level_and_the_revision_an_initialize_asks_for() -> None:
     level = {"jsonrpc": "2.0", "id": 1, "method": "logging/setLevel", "params": {"level": "debug"}}
     assert read_post(body(level)).log_level == "debug"
