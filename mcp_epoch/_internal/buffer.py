@@ -47,7 +47,7 @@ class ReplayBuffer:
     """Fixed-size ring of events, read back as :class:`BufferedEvent`: O(1) append, memory
     fixed at creation."""
 
-    __slots__ = ("_capacity", "_finals", "_ids", "_messages", "_next_seq", "_owners", "_streams")
+    __slots__ = ("_capacity", "_finals", "_ids", "_messages", "_owners", "_streams", "next_seq")
 
     def __init__(self, capacity: int = DEFAULT_BUFFER_EVENTS) -> None:
         self._capacity = check_capacity(capacity)
@@ -56,24 +56,21 @@ class ReplayBuffer:
         self._messages: list[Any] = [None] * self._capacity
         self._ids: list[str] = [""] * self._capacity
         self._finals: list[bool] = [False] * self._capacity
-        self._next_seq = 1
+        #: The seq the next append gets; everything below it has been issued. Read it, never
+        #: set it (an attribute, not a property: the store reads it for every event).
+        self.next_seq = 1
 
     @property
     def capacity(self) -> int:
         return self._capacity
 
     @property
-    def next_seq(self) -> int:
-        """The seq the next append gets; everything below it has been issued."""
-        return self._next_seq
-
-    @property
     def oldest_seq(self) -> int:
         """The oldest seq still buffered (== ``next_seq`` when empty)."""
-        return max(1, self._next_seq - self._capacity)
+        return max(1, self.next_seq - self._capacity)
 
     def __len__(self) -> int:
-        return self._next_seq - self.oldest_seq
+        return self.next_seq - self.oldest_seq
 
     def append(
         self,
@@ -83,14 +80,14 @@ class ReplayBuffer:
         event_id: str = "",
         final: bool = False,
     ) -> int:
-        seq = self._next_seq
+        seq = self.next_seq
         i = seq % self._capacity
         self._owners[i] = owner
         self._streams[i] = stream_id
         self._messages[i] = message
         self._ids[i] = event_id
         self._finals[i] = final
-        self._next_seq = seq + 1
+        self.next_seq = seq + 1
         return seq
 
     def _event(self, seq: int) -> BufferedEvent:
@@ -101,7 +98,7 @@ class ReplayBuffer:
 
     def get(self, seq: int) -> BufferedEvent | None:
         """The event with this seq if still buffered, else ``None`` (evicted or never issued)."""
-        if not self.oldest_seq <= seq < self._next_seq:
+        if not self.oldest_seq <= seq < self.next_seq:
             return None
         return self._event(seq)
 
@@ -113,7 +110,7 @@ class ReplayBuffer:
     ) -> list[BufferedEvent]:
         """Buffered events with ``after < seq < upto`` that carry a message and belong to
         (owner, stream), in order. The caller has checked that ``after + 1`` is not evicted."""
-        stop = self._next_seq if upto is None else min(upto, self._next_seq)
+        stop = self.next_seq if upto is None else min(upto, self.next_seq)
         start = max(after + 1, self.oldest_seq)
         streams, owners, messages = self._streams, self._owners, self._messages
         cap = self._capacity
@@ -130,7 +127,7 @@ class ReplayBuffer:
         pass over the ring, however many sessions hand on at once."""
         out: dict[Hashable, list[BufferedEvent]] = {o: [] for o in owners}
         held, cap = self._owners, self._capacity
-        for seq in range(self.oldest_seq, self._next_seq):
+        for seq in range(self.oldest_seq, self.next_seq):
             owner = held[seq % cap]
             if owner in out:
                 out[owner].append(self._event(seq))

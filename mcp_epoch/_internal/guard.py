@@ -554,6 +554,7 @@ class ResumptionGuard:
         whole = False  # a JSON (not SSE) answer: its end delivers the call
 
         inflight = self.inflight
+        is_answered = inflight.is_answered
         keys = [(tag, rid) for rid in streams]
 
         async def wrapped(message: Message) -> None:
@@ -582,7 +583,7 @@ class ResumptionGuard:
                 for key in keys:
                     if whole and not more:
                         inflight.delivered_whole(key)
-                    else:
+                    elif is_answered(key, False):
                         inflight.sent_after(key)
                 return
             if kind != "http.response.start":
@@ -594,7 +595,7 @@ class ResumptionGuard:
                 swallowing = True
                 await send_rejection(closing, "unknown", "the server could not replay")
                 return
-            headers = self._outgoing(message, tag, fresh, own)
+            headers, is_json = self._outgoing(message, tag, fresh, own)
             if self.is_draining():
                 headers = _with_close(headers)
             if call_stream:
@@ -603,30 +604,31 @@ class ResumptionGuard:
             if resume is None and status >= 400:
                 for key in keys:  # refused by the SDK (e.g. an ended session): no call
                     inflight.forget(key)
-            whole = status < 300 and any(
-                bytes(k).lower() == b"content-type" and bytes(v).startswith(b"application/json")
-                for k, v in headers
-            )
+            whole = status < 300 and is_json
             await send(dict(message, headers=headers))
 
         return wrapped
 
     def _outgoing(
         self, start: Message, tag: SessionTag | None, fresh: bool, own: str
-    ) -> list[tuple[bytes, bytes]]:
+    ) -> tuple[list[tuple[bytes, bytes]], bool]:
         """Response headers with the session ID shown as the client holds it (the tag's public
         ID, minted here as ``<own epoch>_<SDK id>`` when the session opened here) and this
-        process named as the one that answered."""
+        process named as the one that answered; and whether the body is JSON (not SSE)."""
         out = [(SERVED_BY_HEADER.encode(), own.encode())]
+        is_json = False
         for key, value in start.get("headers", ()):
-            if bytes(key).lower() == SESSION_HEADER:
+            name = bytes(key).lower()
+            if name == SESSION_HEADER:
                 local = bytes(value).decode("latin-1")
                 if fresh and tag is not None:
                     self.sessions.bind(local, tag, f"{own}{SESSION_SEPARATOR}{local}")
                 public = tag.public_id if tag is not None else None
                 value = (public or f"{own}{SESSION_SEPARATOR}{local}").encode("latin-1")
+            elif name == b"content-type":
+                is_json = bytes(value).startswith(b"application/json")
             out.append((key, value))
-        return out
+        return out, is_json
 
 
 def _with_close(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

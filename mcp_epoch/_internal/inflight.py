@@ -29,6 +29,9 @@ class InFlight:
 
     def __init__(self) -> None:
         self._calls: dict[Call, bool] = {}  # call -> answered
+        #: ``is_answered(call, False)``: whether a call in flight has its answer stored. The
+        #: dict's own ``get``, so the check made for every chunk sent is no call into Python.
+        self.is_answered = self._calls.get
         self._relays: dict[object, str] = {}  # relay -> the process it goes to
         #: Made by a waiter (never on a call's path: an event per call cost ~10 us of each
         #: request), set and dropped once nothing is in flight.

@@ -43,32 +43,27 @@ def mark_broken() -> None:
         state.broken = True
 
 
-class Followers:
-    """Who waits for the next event of which (session, stream); woken on every append."""
+class Followers(dict[StreamKey, set[anyio.Event]]):
+    """Who waits for the next event of which (session, stream); woken on every append. A
+    dict, so that "anyone waiting?", asked for every event stored, is no call into Python."""
 
-    __slots__ = ("_waiting",)
-
-    def __init__(self) -> None:
-        self._waiting: dict[StreamKey, set[anyio.Event]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._waiting)
+    __slots__ = ()
 
     def wake(self, key: StreamKey) -> None:
-        for event in self._waiting.pop(key, ()):
+        for event in self.pop(key, ()):
             event.set()
 
     def register(self, key: StreamKey) -> anyio.Event:
         event = anyio.Event()
-        self._waiting.setdefault(key, set()).add(event)
+        self.setdefault(key, set()).add(event)
         return event
 
     def discard(self, key: StreamKey, event: anyio.Event) -> None:
-        waiting = self._waiting.get(key)
+        waiting = self.get(key)
         if waiting is not None:
             waiting.discard(event)
             if not waiting:
-                del self._waiting[key]
+                del self[key]
 
 
 async def follow(

@@ -132,10 +132,12 @@ class EpochEventStore(EventStore):
         # an SDK model is a handful of tracked objects held for the whole window.
         text: str | None = None
         final = False
-        if type(message) is RawMessage:
+        if isinstance(message, RawMessage):
             text, final = message.json, message.final
         elif message is not None:
-            text = message.model_dump_json(by_alias=True, exclude_unset=True)
+            # What ``model_dump_json`` does, without its Python layer (half its time here).
+            serializer = type(message).__pydantic_serializer__
+            text = serializer.to_json(message, by_alias=True, exclude_unset=True).decode()
             final = isinstance(message, JSONRPCResponse | JSONRPCError)
         buffer.append(owner, stream_id, text, event_id, final)
         if final and self.inflight is not None:
