@@ -207,9 +207,8 @@ class ResumptionGuard:
             await self.app(scope, receive, send)
             return
         raw_send, send = send, self._closing(send)
-        headers: dict[bytes, bytes] = {}
-        for key, value in scope["headers"]:
-            headers.setdefault(bytes(key).lower(), bytes(value))
+        # The first of a repeated field counts (reversed, it is the last one written).
+        headers = {bytes(k).lower(): v for k, v in reversed(list(scope["headers"]))}
         revision = headers.get(PROTOCOL_HEADER)
         if revision is not None and revision.decode("latin-1") not in RESUMABLE_REVISIONS:
             await self.app(scope, receive, send)  # 2026-07-28 and later: not ours
@@ -640,10 +639,8 @@ def _with_close(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, byt
 
 def _with_session(headers: Sequence[tuple[bytes, bytes]], local: str) -> list[tuple[bytes, bytes]]:
     """The request's headers with the SDK's own session ID instead of the one clients see."""
-    return [
-        (k, local.encode("latin-1")) if bytes(k).lower() == SESSION_HEADER else (k, v)
-        for k, v in headers
-    ]
+    value = local.encode("latin-1")
+    return [h if bytes(h[0]).lower() != SESSION_HEADER else (h[0], value) for h in headers]
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -661,9 +658,10 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Request:
-    """One request as the guard has read it (its body, if a POST, read whole)."""
+    """One request as the guard has read it (its body, if a POST, read whole). Not frozen:
+    a frozen dataclass sets each field through ``object.__setattr__``, on every request."""
 
     scope: Scope
     body: bytes

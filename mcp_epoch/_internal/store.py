@@ -58,6 +58,9 @@ class SnapshotSource(Protocol):
     def snapshot(self) -> EpochSnapshot: ...
 
 
+#: The messages that end their request's stream (the SDK's own writer stops there too).
+_FINAL = (JSONRPCResponse, JSONRPCError)
+
 #: What a store without a view of the ledger sees (it is immutable: one serves every request).
 _NO_VIEW = EpochSnapshot()
 
@@ -138,7 +141,7 @@ class EpochEventStore(EventStore):
             # What ``model_dump_json`` does, without its Python layer (half its time here).
             serializer = type(message).__pydantic_serializer__
             text = serializer.to_json(message, by_alias=True, exclude_unset=True).decode()
-            final = isinstance(message, JSONRPCResponse | JSONRPCError)
+            final = isinstance(message, _FINAL)
         buffer.append(owner, stream_id, text, event_id, final)
         if final and self.inflight is not None:
             self.inflight.answered((owner, stream_id))
