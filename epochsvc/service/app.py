@@ -91,8 +91,8 @@ class _Service(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         """Outside the framework's own layers: every request's latency, and the long polls
         held after the routes checked them (:mod:`.held`)."""
-        inner = HeldPolls(super().build_middleware_stack(), self.exception_handlers)
-        return ObserveLatency(inner, self.state.metrics)
+        timed = ObserveLatency(super().build_middleware_stack(), self.state.metrics)
+        return HeldPolls(timed, self.exception_handlers, observe=timed.observe)
 
 
 def create_app(

@@ -67,6 +67,8 @@ class RenderedLists:
         notifier has counted ``changes``: the answer of a read begun at ``woken_by`` or later
         if one exists (finished or not), else of a new ``read()`` that later waiters share."""
         entry = self._reads.get(key)
+        if entry is not None and entry[0] >= woken_by and entry[1].done():
+            return entry[1].result()  # most of a wake's waiters: the read is done
         if entry is None or entry[0] < woken_by:
             entry = (changes, asyncio.ensure_future(read()))
             self.shared_reads += 1

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from epochsvc.service.held import HOLD
 from epochsvc.service.store.base import CommitStats, EpochStore, StoreUnavailable
 from mcp_epoch.api import DRAIN_OUTCOMES
 
@@ -157,11 +158,16 @@ class ObserveLatency:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
-            key = (scope["method"], route, status)
-            child = self._children.get(key)
-            if child is None:
-                child = self._children[key] = self.metrics.latency.labels(
-                    scope["method"], route, str(status)
-                )
-            child.observe(time.perf_counter() - started)
+            if not scope.get(HOLD):  # a held poll is observed when it is answered (.held)
+                self.observe(scope, status, started)
+
+    def observe(self, scope: Scope, status: int, started: float) -> None:
+        """One request, answered with ``status``, begun at ``started`` (``perf_counter``)."""
+        route = getattr(scope.get("route"), "path", "unmatched")
+        key = (scope["method"], route, status)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.metrics.latency.labels(
+                scope["method"], route, str(status)
+            )
+        child.observe(time.perf_counter() - started)

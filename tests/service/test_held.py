@@ -70,14 +70,21 @@ def _app(
     return app
 
 
-async def _get(url: str, front: bool = True) -> tuple[httpx.Response, bool, bool]:
+async def _get(
+    url: str, front: bool = True, observed: list[int] | None = None
+) -> tuple[httpx.Response, bool, bool]:
     """The answer, and whether the handler's frame, and a middleware's, were still alive
-    during the wait."""
+    during the wait; the statuses the front observed go to ``observed``."""
     frames: list[weakref.ref[Solved]] = []
     layers: list[weakref.ref[Framed]] = []
     waiting, release = asyncio.Event(), asyncio.Event()
     app = _app(frames, layers, waiting, release)
-    asgi = HeldPolls(app, app.exception_handlers) if front else app
+    seen = observed if observed is not None else []
+    asgi = (
+        HeldPolls(app, app.exception_handlers, lambda _, status, __: seen.append(status))
+        if front
+        else app
+    )
     transport = httpx.ASGITransport(app=asgi)
     async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
         request = asyncio.create_task(client.get(url))
@@ -108,3 +115,12 @@ async def test_without_the_front_it_waits_inside_the_middleware_as_any_response(
     response, handler_alive, layer_alive = await _get("/held", front=False)
     assert not handler_alive and layer_alive  # what the front is for
     assert response.json() == {"held": True}
+
+
+@pytest.mark.parametrize(("url", "status"), [("/held", 200), ("/held?fail=true", 503)])
+async def test_the_front_observes_a_held_poll_once_with_the_status_it_answered(
+    url: str, status: int
+) -> None:
+    observed: list[int] = []
+    response, _, _ = await _get(url, observed=observed)
+    assert response.status_code == status and observed == [status]

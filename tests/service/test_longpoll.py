@@ -103,6 +103,28 @@ def test_an_unannounced_change_before_the_first_catch_up_still_wakes() -> None:
     asyncio.run(scenario())
 
 
+def test_each_waiter_ends_at_its_own_deadline_though_they_share_one_timer() -> None:
+    """A server's waiters share one loop timer: a shorter wait registered after a longer one
+    still ends at its own deadline, never before it, and a change leaves no timer behind."""
+
+    async def scenario() -> None:
+        store, notifier = CountingStore(), ChangeNotifier()
+        loop = asyncio.get_running_loop()
+        begun = loop.time()
+        long = asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 0, 30))  # type: ignore[arg-type]
+        short = asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 0, 0.2))  # type: ignore[arg-type]
+        assert await asyncio.wait_for(short, 10) is None  # its wait ran out
+        assert loop.time() - begun >= 0.2
+        assert not long.done()
+        wake = notifier._events[("ns", "a")]
+        store.revisions[("ns", "a")] = 1
+        notifier.notify_server("ns", "a", 1)
+        assert wake._timer is None and not wake._deadlines  # disarmed by the change
+        assert await asyncio.wait_for(long, 5) == 1  # woken by the change, not its deadline
+
+    asyncio.run(scenario())
+
+
 def test_a_change_between_the_read_and_the_wait_is_not_missed() -> None:
     """The event is taken before the revision is read: a notify that lands while the read is
     in progress still wakes the waiter."""
