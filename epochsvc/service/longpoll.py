@@ -124,11 +124,13 @@ class _Wake:
         """Resume every waiter with the number of the change that woke it and the revision."""
         waiters = list(self._waiters)
         self._waiters.clear()
+        woken: Woken = (change, revision)
         for start in range(0, len(waiters), WAKE_BATCH):
             if start:
                 await asyncio.sleep(0)  # one loop turn: let sockets be read
             for future in waiters[start : start + WAKE_BATCH]:
-                _resolve(future, (change, revision))  # one that left cancelled its own
+                if not future.done():  # one that left cancelled its own
+                    future.set_result(woken)
 
 
 class ChangeNotifier:
