@@ -157,6 +157,11 @@ def _sqlite(
                 pairs.append((r, f))
                 if n == judged:
                     ratios.append(r["wake_p99_ms"] / max(f["wake_p99_ms"], 1e-9))
+                    print(
+                        f"  wake p99: service {r['wake_p99_ms']:.1f} ms, floor "
+                        f"{f['wake_p99_ms']:.1f} ms ({ratios[-1]:.2f}x)",
+                        flush=True,
+                    )
             pairs.sort(key=lambda p: p[0]["wake_p99_ms"] / max(p[1]["wake_p99_ms"], 1e-9))
             r, f = pairs[len(pairs) // 2]
             rows.append((n, r))
