@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from epochsvc.service.access import Access
 from epochsvc.service.auth import Authenticator, KubernetesAuth, Tokens
@@ -88,11 +88,21 @@ async def _sweep_forever(app: FastAPI) -> None:
 
 
 class _Service(FastAPI):
+    _front: HeldPolls | None = None
+
     def build_middleware_stack(self) -> ASGIApp:
-        """Outside the framework's own layers: every request's latency, and the long polls
-        held after the routes checked them (:mod:`.held`)."""
-        timed = ObserveLatency(super().build_middleware_stack(), self.state.metrics)
-        return HeldPolls(timed, self.exception_handlers, observe=timed.observe)
+        """Outside the framework's own layers: every request's latency."""
+        return ObserveLatency(super().build_middleware_stack(), self.state.metrics)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The front for long polls held after the routes checked them (:mod:`.held`), outside
+        even the framework's own calls, so that a held poll keeps none of their frames."""
+        if self._front is None:
+            metrics: Metrics = self.state.metrics
+            self._front = HeldPolls(
+                super().__call__, self.exception_handlers, observe=metrics.observe_request
+            )
+        await self._front(scope, receive, send)
 
 
 def create_app(

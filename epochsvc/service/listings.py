@@ -60,15 +60,16 @@ class RenderedLists:
             self._entries.popitem(last=False)
         return body
 
-    async def after_change(
+    def after_change(
         self, key: ListKey, woken_by: int, changes: int, read: Callable[[], Awaitable[bytes]]
-    ) -> bytes:
+    ) -> Awaitable[bytes]:
         """The answer for a waiter that notification number ``woken_by`` woke, when the
         notifier has counted ``changes``: the answer of a read begun at ``woken_by`` or later
-        if one exists (finished or not), else of a new ``read()`` that later waiters share."""
+        if one exists (finished or not), else of a new ``read()`` that later waiters share.
+
+        Not a coroutine: most of a wake's waiters find the read done, and awaiting a done
+        future costs them no frame."""
         entry = self._reads.get(key)
-        if entry is not None and entry[0] >= woken_by and entry[1].done():
-            return entry[1].result()  # most of a wake's waiters: the read is done
         if entry is None or entry[0] < woken_by:
             entry = (changes, asyncio.ensure_future(read()))
             self.shared_reads += 1
@@ -76,5 +77,6 @@ class RenderedLists:
             self._reads.move_to_end(key)
             while len(self._reads) > self._max:
                 self._reads.popitem(last=False)
-        # Shielded: a waiter whose request ends does not cancel the others' read.
-        return await asyncio.shield(entry[1])
+        # Shielded: a waiter whose request ends does not cancel the others' read (a done read
+        # is handed back as it is).
+        return asyncio.shield(entry[1])

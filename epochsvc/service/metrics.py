@@ -124,6 +124,13 @@ class Metrics:
         self.commits = _CommitCounters()
         self.registry.register(self.commits)
 
+    def observe_request(self, scope: Scope, status: int, started: float) -> None:
+        """One request, answered with ``status``, begun at ``started`` (``perf_counter``),
+        by route template (not raw path, which would make one series per epoch)."""
+        route = getattr(scope.get("route"), "path", "unmatched")
+        series = self.latency.labels(scope["method"], route, str(status))
+        series.observe(time.perf_counter() - started)
+
     def store_answered(self, up: bool) -> None:
         """What the service just learnt of its store; a 503 it causes is counted too."""
         self.store_up.set(int(up))
@@ -188,8 +195,7 @@ class _CommitCounters(Collector):
 
 
 class ObserveLatency:
-    """Pure ASGI middleware timing every request by route template (not raw path, which would
-    make one time series per epoch)."""
+    """Pure ASGI middleware timing every request (:meth:`Metrics.observe_request`)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -212,10 +218,4 @@ class ObserveLatency:
             await self.app(scope, receive, send_status)
         finally:
             if not scope.get(HOLD):  # a held poll is observed when it is answered (.held)
-                self.observe(scope, status, started)
-
-    def observe(self, scope: Scope, status: int, started: float) -> None:
-        """One request, answered with ``status``, begun at ``started`` (``perf_counter``)."""
-        route = getattr(scope.get("route"), "path", "unmatched")
-        series = self.metrics.latency.labels(scope["method"], route, str(status))
-        series.observe(time.perf_counter() - started)
+                self.metrics.observe_request(scope, status, started)

@@ -54,7 +54,7 @@ def test_the_waiters_one_notification_woke_share_one_read_begun_after_it() -> No
             return f"list@{state['revision']}".encode()
 
         # Notification 3 woke 100 waiters; the notifier had counted 3 when they read.
-        first = [asyncio.create_task(lists.after_change(key, 3, 3, read)) for _ in range(100)]
+        first = [asyncio.ensure_future(lists.after_change(key, 3, 3, read)) for _ in range(100)]
         await asyncio.sleep(0)
         gate.set()
         assert set(await asyncio.gather(*first)) == {b"list@7"} and reads == [7]

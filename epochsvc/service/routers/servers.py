@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 
 from epochsvc.service.access import shown
-from epochsvc.service.auth import AnyCaller, Operator
+from epochsvc.service.auth import AnyCaller, Caller, Operator
 from epochsvc.service.deps import Config, Lists, MetricsDep, Notifier, Rules, Store, json_body
 from epochsvc.service.held import HeldResponse
 from epochsvc.service.issued import announce_issued
 from epochsvc.service.lifecycle import State
+from epochsvc.service.listings import ListKey, RenderedLists
+from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.models import epoch_of
 from epochsvc.service.settings import Settings
+from epochsvc.service.store import EpochStore
 from mcp_epoch.api import EpochList, ErrorBody, IssueBatchRequest, IssuedEpochs
 from mcp_epoch.contract import DNS1123_LABEL_PATTERN
 
@@ -60,11 +64,40 @@ async def list_epochs(
     reads only its own server's epochs."""
     await rules.check_read(caller, namespace, server)
     filters = tuple(state or ())
-
     key = lists.key(store.ledger_id, namespace, server, filters, caller.is_operator)
+    read = _EpochsRead(store, lists, caller, namespace, server, filters, key)
+    held = held_seconds(since, wait, settings)
+    if held is not None:
+        assert since is not None  # held_seconds holds only a poll with a since
+        read.hold(notifier, since, held)
+        return HeldResponse(read.after_the_wait, media_type="application/json")
+    return Response(await read.listing(), media_type="application/json")
 
-    async def listing() -> bytes:
-        snapshot = await store.list_server(namespace, server, filters)
+
+@dataclass(slots=True)
+class _EpochsRead:
+    """One caller's read of a server's epochs, and what its long poll waits for.
+
+    One small object is what a held poll keeps while it waits (closures kept a cell per
+    variable), since thousands of them are freed at once when one change wakes them."""
+
+    store: EpochStore
+    lists: RenderedLists
+    caller: Caller
+    namespace: str
+    server: str
+    filters: tuple[State, ...]
+    key: ListKey
+    notifier: ChangeNotifier | None = None  # what the long poll waits for (hold)
+    since: int = 0
+    held: float = 0.0
+
+    def hold(self, notifier: ChangeNotifier, since: int, held: float) -> None:
+        self.notifier, self.since, self.held = notifier, since, held
+
+    async def listing(self) -> bytes:
+        store, caller = self.store, self.caller
+        snapshot = await store.list_server(self.namespace, self.server, self.filters)
 
         def render() -> bytes:
             body = EpochList(
@@ -74,20 +107,17 @@ async def list_epochs(
             )
             return body.model_dump_json().encode()
 
-        return lists.get(key, snapshot.revision, render)
+        return self.lists.get(self.key, snapshot.revision, render)
 
-    held = held_seconds(since, wait, settings)
-    if held is not None:
-        assert since is not None  # held_seconds holds only a poll with a since
-
-        async def after_the_wait() -> bytes:
-            woken_by = await notifier.wait_for_change(store, namespace, server, since, held)
-            if woken_by is None:
-                return await listing()
-            return await lists.after_change(key, woken_by, notifier.changes, listing)
-
-        return HeldResponse(after_the_wait, media_type="application/json")
-    return Response(await listing(), media_type="application/json")
+    async def after_the_wait(self) -> bytes:
+        notifier = self.notifier
+        assert notifier is not None  # held
+        woken_by = await notifier.wait_for_change(
+            self.store, self.namespace, self.server, self.since, self.held
+        )
+        if woken_by is None:
+            return await self.listing()
+        return await self.lists.after_change(self.key, woken_by, notifier.changes, self.listing)
 
 
 @router.post(
