@@ -129,8 +129,7 @@ class _Wake:
             if start:
                 await asyncio.sleep(0)  # one loop turn: let sockets be read
             for future in waiters[start : start + WAKE_BATCH]:
-                if not future.done():  # one that left cancelled its own
-                    future.set_result(woken)
+                _resolve(future, woken)  # one that left cancelled its own
 
 
 class ChangeNotifier:

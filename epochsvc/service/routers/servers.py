@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -69,14 +70,14 @@ async def list_epochs(
     held = held_seconds(since, wait, settings)
     if held is not None:
         assert since is not None  # held_seconds holds only a poll with a since
-        read.hold(notifier, since, held)
-        return HeldResponse(read.after_the_wait, media_type="application/json")
+        after_the_wait = functools.partial(read.after_the_wait, notifier, since, held)
+        return HeldResponse(after_the_wait, media_type="application/json")
     return Response(await read.listing(), media_type="application/json")
 
 
 @dataclass(slots=True)
 class _EpochsRead:
-    """One caller's read of a server's epochs, and what its long poll waits for.
+    """One caller's read of a server's epochs, and its long poll's answer.
 
     One small object is what a held poll keeps while it waits (closures kept a cell per
     variable), since thousands of them are freed at once when one change wakes them."""
@@ -88,12 +89,6 @@ class _EpochsRead:
     server: str
     filters: tuple[State, ...]
     key: ListKey
-    notifier: ChangeNotifier | None = None  # what the long poll waits for (hold)
-    since: int = 0
-    held: float = 0.0
-
-    def hold(self, notifier: ChangeNotifier, since: int, held: float) -> None:
-        self.notifier, self.since, self.held = notifier, since, held
 
     async def listing(self) -> bytes:
         store, caller = self.store, self.caller
@@ -109,11 +104,9 @@ class _EpochsRead:
 
         return self.lists.get(self.key, snapshot.revision, render)
 
-    async def after_the_wait(self) -> bytes:
-        notifier = self.notifier
-        assert notifier is not None  # held
+    async def after_the_wait(self, notifier: ChangeNotifier, since: int, held: float) -> bytes:
         woken_by = await notifier.wait_for_change(
-            self.store, self.namespace, self.server, self.since, self.held
+            self.store, self.namespace, self.server, since, held
         )
         if woken_by is None:
             return await self.listing()
