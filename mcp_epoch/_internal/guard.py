@@ -15,14 +15,14 @@ This module does not import ``mcp``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import weakref
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from mcp_epoch._internal.answer import SESSION_HEADER as SESSION_HEADER
+from mcp_epoch._internal.answer import Answer, with_close
 from mcp_epoch._internal.body import BodyTooLarge, read_body
 from mcp_epoch._internal.decision import ReplayPlan, TailPlan, classify, decide_handed
 from mcp_epoch._internal.errors import Reason, ResumptionRejected
@@ -46,14 +46,12 @@ from mcp_epoch._internal.resume import ResumeState, current_resume
 from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
 from mcp_epoch._internal.snapshot import EpochSnapshot
-from mcp_epoch._internal.unfinished import UNFINISHED
 from mcp_epoch.contract import (
     CALL_STREAM_HEADER,
     FORWARDED_TO_HEADER,
     MOVED_TO_HEADER,
     REJECTED_HEADER,
     SERVED_BY_HEADER,
-    SESSION_SEPARATOR,
     TAIL_OF_HEADER,
     ProcessEpoch,
 )
@@ -69,7 +67,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-SESSION_HEADER: Final = b"mcp-session-id"
 LAST_EVENT_ID_HEADER: Final = b"last-event-id"
 PROTOCOL_HEADER: Final = b"mcp-protocol-version"
 # Revisions with sessions and Last-Event-ID resumption (no header: the spec's default, 2025-03-26).
@@ -78,6 +75,8 @@ INVALID_REQUEST: Final = -32600
 #: How long a request sent on to where its session moved waits for this process's copy of
 #: the ledger to know that process.
 MOVE_WAIT: Final = 3.0
+#: The header names the guard reads or writes on every request, encoded once.
+_FORWARDED_TO: Final = FORWARDED_TO_HEADER.encode()
 WaitView = Callable[[Callable[[EpochSnapshot], bool], float], Awaitable[bool]]
 #: The SDK's stream ID for a session's standalone GET stream (every other stream is a call's).
 STANDALONE_STREAM: Final = "_GET_stream"
@@ -197,7 +196,7 @@ class ResumptionGuard:
 
         async def closing(message: Message) -> None:
             if message["type"] == "http.response.start" and self.is_draining():
-                message = {**message, "headers": _with_close(message.get("headers", ()))}
+                message = {**message, "headers": with_close(message.get("headers", ()))}
             await send(message)
 
         return closing
@@ -214,7 +213,7 @@ class ResumptionGuard:
             await self.app(scope, receive, send)  # 2026-07-28 and later: not ours
             return
         own = self.store.epoch
-        forwarded_to = headers.get(FORWARDED_TO_HEADER.encode())
+        forwarded_to = headers.get(_FORWARDED_TO)
         if forwarded_to is not None and forwarded_to.decode("latin-1") != str(own):
             body = error_body(f"this is process {own}, not {forwarded_to.decode('latin-1')!r}")
             mark = (NOT_THE_OWNER_HEADER.encode(), str(own).encode())
@@ -431,19 +430,39 @@ class ResumptionGuard:
                 host = dict(scope["headers"]).get(b"host")
                 tag.host = None if host is None else bytes(host).decode("latin-1")
         assert tag is not None or local is not None
+        started = self.inflight.started
         for rid in calls:
-            self.inflight.started((tag, rid))
+            started((tag, rid))
         if local is not None:
             scope = dict(scope, headers=_with_session(scope["headers"], local))
-        resume = ResumeState() if cursor is not None else None
+        resume = None if cursor is None else ResumeState()
+        answer = Answer(
+            self,
+            self.store.epoch_text,
+            request.raw_send,
+            send,
+            tag,
+            fresh=fresh,
+            resume=resume,
+            keys=tuple((tag, rid) for rid in (*streams, *calls)),
+            call_stream=call_stream,
+            refuse_replay=_refuse_replay,
+        )
         token = current_session.set(tag)
-        resume_token = current_resume.set(resume)
-        wrapped = self._wrap_send(request, tag, fresh, resume, streams + calls, call_stream)
-        try:
-            await self.app(scope, receive, wrapped)
-        finally:
-            current_resume.reset(resume_token)
-            current_session.reset(token)
+        if resume is None:
+            # A request's context starts without a resumption (each runs in a task of its
+            # own): only a resumption sets one, one context change fewer for every call.
+            try:
+                await self.app(scope, receive, answer.send)
+            finally:
+                current_session.reset(token)
+        else:
+            resume_token = current_resume.set(resume)
+            try:
+                await self.app(scope, receive, answer.send)
+            finally:
+                current_resume.reset(resume_token)
+                current_session.reset(token)
         if method == "DELETE" and tag is not None:
             self.inflight.forget_session(tag)
 
@@ -533,108 +552,10 @@ class ResumptionGuard:
             await send_rejection(send, "unknown", "the server could not check the cursor")
         return None
 
-    def _wrap_send(
-        self,
-        request: _Request,
-        tag: SessionTag | None,
-        fresh: bool,
-        resume: ResumeState | None,
-        streams: list[str],
-        call_stream: bool = False,
-    ) -> Send:
-        own = self.store.epoch_text
-        send, closing = request.raw_send, request.send
-        # The task uvicorn logs from, held weakly: a strong reference from this closure (which
-        # the SDK's own send chain may keep in a reference cycle) tied the whole request's
-        # task and frames into that cycle, for the cyclic collector to find: measured, ~11%
-        # of an SDK server's calls, and most of the collector time mcp-epoch added.
-        task = weakref.ref(current) if (current := asyncio.current_task()) else None
-        swallowing = False
-        whole = False  # a JSON (not SSE) answer: its end delivers the call
 
-        inflight = self.inflight
-        is_answered = inflight.is_answered
-        keys = [(tag, rid) for rid in streams]
-
-        async def wrapped(message: Message) -> None:
-            nonlocal swallowing, whole
-            kind = message["type"]
-            if kind == "http.response.body":  # most messages: kept to the fewest steps
-                if swallowing:
-                    return
-                more = message.get("more_body", False)
-                if not more and tag is not None and tag.ending:
-                    # A drain that ran out of time ends this session: its streams are cut,
-                    # not ended, so the client comes back (and hears the session is gone)
-                    # instead of waiting for an answer on a stream that looks complete.
-                    UNFINISHED.expect(None if task is None else task())
-                    return
-                if not more and resume is not None and resume.broken:
-                    # Never end a resumed stream that lost events as if it were complete:
-                    # without its last chunk the server closes the connection, and the client
-                    # reconnects from the cursor it really has (and is told ``gap``).
-                    log.warning("resumed stream overtaken by eviction; aborting its connection")
-                    return
-                await send(message)
-                # A chunk written after the call's answer was stored carries that answer (it
-                # is the last message of its stream): the call is delivered. Clients often
-                # close a stream once they have the answer, before its final empty chunk.
-                for key in keys:
-                    if whole and not more:
-                        inflight.delivered_whole(key)
-                    elif is_answered(key, False):
-                        inflight.sent_after(key)
-                return
-            if kind != "http.response.start":
-                if not swallowing:
-                    await send(message)
-                return
-            if resume is not None and message.get("status", 200) >= 500:
-                # The SDK failed after we accepted (e.g. the store raised): translate.
-                swallowing = True
-                await send_rejection(closing, "unknown", "the server could not replay")
-                return
-            headers, is_json = self._outgoing(message, tag, fresh, own)
-            if self.is_draining():
-                headers = _with_close(headers)
-            if call_stream:
-                headers.append((CALL_STREAM_HEADER.encode(), b"1"))
-            status = message.get("status", 200)
-            if resume is None and status >= 400:
-                for key in keys:  # refused by the SDK (e.g. an ended session): no call
-                    inflight.forget(key)
-            whole = status < 300 and is_json
-            await send(dict(message, headers=headers))
-
-        return wrapped
-
-    def _outgoing(
-        self, start: Message, tag: SessionTag | None, fresh: bool, own: str
-    ) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """Response headers with the session ID shown as the client holds it (the tag's public
-        ID, minted here as ``<own epoch>_<SDK id>`` when the session opened here) and this
-        process named as the one that answered; and whether the body is JSON (not SSE)."""
-        out = [(SERVED_BY_HEADER.encode(), own.encode())]
-        is_json = False
-        for key, value in start.get("headers", ()):
-            name = bytes(key).lower()
-            if name == SESSION_HEADER:
-                local = bytes(value).decode("latin-1")
-                if fresh and tag is not None:
-                    self.sessions.bind(local, tag, f"{own}{SESSION_SEPARATOR}{local}")
-                public = tag.public_id if tag is not None else None
-                value = (public or f"{own}{SESSION_SEPARATOR}{local}").encode("latin-1")
-            elif name == b"content-type":
-                is_json = bytes(value).startswith(b"application/json")
-            out.append((key, value))
-        return out, is_json
-
-
-def _with_close(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """``headers`` with ``Connection: close`` in place of any ``Connection`` field."""
-    return [h for h in headers if bytes(h[0]).lower() != b"connection"] + [
-        (b"connection", b"close")
-    ]
+async def _refuse_replay(send: Send) -> None:
+    """What a resumption the app failed to serve after the guard accepted it becomes."""
+    await send_rejection(send, "unknown", "the server could not replay")
 
 
 def _with_session(headers: Sequence[tuple[bytes, bytes]], local: str) -> list[tuple[bytes, bytes]]:

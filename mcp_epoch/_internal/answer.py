@@ -1,0 +1,194 @@
+"""The app's answer on its way to the client: what the guard changes in it and learns from it.
+
+The guard hands the app behind it :meth:`Answer.send` in place of the server's ``send``. The
+answer's start gets the session ID as the client holds it, this process's name, the relay's
+"call stream" mark and, while draining, ``Connection: close``. Its chunks tell the drain when a
+call is delivered, and a stream that must not look complete (a session a drain ends, a resumed
+stream that lost events) is cut before its last chunk.
+
+Every chunk of every answer passes here: thirteen for a tool call with ten progress
+notifications. So an answer is one slotted object per request, and the app gets its bound
+method. A closure over the same state cost a cell per variable it captured, a dozen objects
+per request that the cyclic collector tracked for the request's whole life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any, Final, Protocol
+
+from mcp_epoch._internal.inflight import InFlight
+from mcp_epoch._internal.resume import ResumeState
+from mcp_epoch._internal.sessions import SessionRegistry, SessionTag
+from mcp_epoch._internal.unfinished import UNFINISHED
+from mcp_epoch.contract import CALL_STREAM_HEADER, SERVED_BY_HEADER, SESSION_SEPARATOR
+
+log = logging.getLogger(__name__)
+
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+#: A call's key in :class:`InFlight`: (session tag, JSON-RPC request id as a stream name).
+CallKey = tuple[SessionTag | None, str]
+
+SESSION_HEADER: Final = b"mcp-session-id"
+_SERVED_BY: Final = SERVED_BY_HEADER.encode()
+_CALL_STREAM: Final = (CALL_STREAM_HEADER.encode(), b"1")
+
+
+class Guarding(Protocol):
+    """What an answer needs of the guard that serves it."""
+
+    sessions: SessionRegistry
+    inflight: InFlight
+
+    def is_draining(self) -> bool: ...
+
+
+def with_close(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``Connection: close`` in place of any ``Connection`` field."""
+    return [h for h in headers if bytes(h[0]).lower() != b"connection"] + [
+        (b"connection", b"close")
+    ]
+
+
+class Answer:
+    """One request's answer, from the app to the server's ``send`` (see the module)."""
+
+    __slots__ = (
+        "_call_stream",
+        "_closing",
+        "_fresh",
+        "_guard",
+        "_keys",
+        "_own",
+        "_refuse_replay",
+        "_resume",
+        "_send",
+        "_swallowing",
+        "_tag",
+        "_task",
+        "_whole",
+    )
+
+    def __init__(
+        self,
+        guard: Guarding,
+        own: str,
+        send: Send,
+        closing: Send,
+        tag: SessionTag | None,
+        *,
+        fresh: bool,
+        resume: ResumeState | None,
+        keys: tuple[CallKey, ...],
+        call_stream: bool,
+        refuse_replay: Callable[[Send], Awaitable[None]],
+    ) -> None:
+        self._guard = guard
+        self._own = own
+        self._send = send
+        #: ``send`` with the guard's "close while draining" layer, for answers of its own.
+        self._closing = closing
+        self._tag = tag
+        self._fresh = fresh
+        self._resume = resume
+        #: The calls whose stream this is: a chunk may deliver them.
+        self._keys = keys
+        self._call_stream = call_stream
+        self._refuse_replay = refuse_replay
+        # The task uvicorn logs from, held weakly: a strong reference from here (which the
+        # SDK's own send chain may keep in a reference cycle) tied the whole request's task
+        # and frames into that cycle, for the cyclic collector to find: measured, ~11% of an
+        # SDK server's calls, and most of the collector time mcp-epoch added.
+        current = asyncio.current_task()
+        self._task = None if current is None else weakref.ref(current)
+        self._swallowing = False
+        self._whole = False  # a JSON (not SSE) answer: its end delivers the call
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.body":  # most messages: kept to the fewest steps
+            if self._swallowing:
+                return
+            more = message.get("more_body", False)
+            if not more and self._cut():
+                return
+            await self._send(message)
+            # A chunk written after the call's answer was stored carries that answer (it is
+            # the last message of its stream): the call is delivered. Clients often close a
+            # stream once they have the answer, before its final empty chunk.
+            keys = self._keys
+            if keys:
+                inflight = self._guard.inflight
+                for key in keys:
+                    if self._whole and not more:
+                        inflight.delivered_whole(key)
+                    elif inflight.is_answered(key, False):
+                        inflight.sent_after(key)
+            return
+        if kind != "http.response.start":
+            if not self._swallowing:
+                await self._send(message)
+            return
+        await self._start(message)
+
+    def _cut(self) -> bool:
+        """Whether the stream ends without its last chunk."""
+        tag = self._tag
+        if tag is not None and tag.ending:
+            # A drain that ran out of time ends this session: its streams are cut, not
+            # ended, so the client comes back (and hears the session is gone) instead of
+            # waiting for an answer on a stream that looks complete.
+            UNFINISHED.expect(None if self._task is None else self._task())
+            return True
+        resume = self._resume
+        if resume is not None and resume.broken:
+            # Never end a resumed stream that lost events as if it were complete: without its
+            # last chunk the server closes the connection, and the client reconnects from the
+            # cursor it really has (and is told ``gap``).
+            log.warning("resumed stream overtaken by eviction; aborting its connection")
+            return True
+        return False
+
+    async def _start(self, message: Message) -> None:
+        status = message.get("status", 200)
+        if self._resume is not None and status >= 500:
+            # The app failed after the guard accepted (e.g. the store raised): translate.
+            self._swallowing = True
+            await self._refuse_replay(self._closing)
+            return
+        headers, is_json = self._outgoing(message)
+        if self._guard.is_draining():
+            headers = with_close(headers)
+        if self._call_stream:
+            headers.append(_CALL_STREAM)
+        if self._resume is None and status >= 400:
+            for key in self._keys:  # refused by the app (e.g. an ended session): no call
+                self._guard.inflight.forget(key)
+        self._whole = status < 300 and is_json
+        await self._send(dict(message, headers=headers))
+
+    def _outgoing(self, start: Message) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """Response headers with the session ID shown as the client holds it (the tag's public
+        ID, minted here as ``<own epoch>_<app's id>`` when the session opened here) and this
+        process named as the one that answered; and whether the body is JSON (not SSE)."""
+        own, tag = self._own, self._tag
+        out = [(_SERVED_BY, own.encode())]
+        is_json = False
+        for key, value in start.get("headers", ()):
+            name = bytes(key).lower()
+            if name == SESSION_HEADER:
+                local = bytes(value).decode("latin-1")
+                public = f"{own}{SESSION_SEPARATOR}{local}"
+                if self._fresh and tag is not None:
+                    self._guard.sessions.bind(local, tag, public)
+                value = (tag.public_id if tag is not None and tag.public_id else public).encode(
+                    "latin-1"
+                )
+            elif name == b"content-type":
+                is_json = bytes(value).startswith(b"application/json")
+            out.append((key, value))
+        return out, is_json
