@@ -8,9 +8,9 @@
   path (an event ID per message, a priming event per stream) and nothing of ours;
 * ``none``: the SDK's own app with no event store.
 
-Every variant runs on the same uvicorn settings, and the same garbage collection
-(``mcp_epoch.serve`` freezes the startup objects; the SDK's variants do it too). It prints one
-JSON line once it listens.
+Every variant runs on the same uvicorn settings (those ``mcp_epoch.serve`` picks) and the same
+garbage collection (``mcp_epoch.serve`` freezes the startup objects; the SDK's variants do it
+too). It prints one JSON line once it listens.
 """
 
 from __future__ import annotations
@@ -57,7 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store", choices=("epoch", "noop", "none"), required=True)
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args(argv)
-    options = {"host": "127.0.0.1", "port": args.port, "log_level": "warning"}
+    # What ``mcp_epoch.serve`` sets at this log level, given to every variant: uvicorn's own
+    # defaults (an access-log line built per request, a proxy-headers layer) would cost the
+    # SDK's variants work that the mcp-epoch variant does not do.
+    options = {
+        "host": "127.0.0.1",
+        "port": args.port,
+        "log_level": "warning",
+        "access_log": False,
+        "proxy_headers": False,
+    }
 
     def announce(_app: object = None) -> None:
         print(json.dumps({"store": args.store, "port": args.port}), flush=True)

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Final, Protocol
 
 from mcp_epoch._internal.inflight import InFlight
+from mcp_epoch._internal.replies import send_rejection
 from mcp_epoch._internal.resume import ResumeState
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag
 from mcp_epoch._internal.unfinished import UNFINISHED
@@ -58,19 +59,18 @@ class Answer:
     """One request's answer, from the app to the server's ``send`` (see the module)."""
 
     __slots__ = (
-        "_call_stream",
         "_closing",
         "_fresh",
         "_guard",
         "_keys",
         "_own",
-        "_refuse_replay",
         "_resume",
         "_send",
         "_swallowing",
         "_tag",
         "_task",
         "_whole",
+        "call_stream",
     )
 
     def __init__(
@@ -80,12 +80,9 @@ class Answer:
         send: Send,
         closing: Send,
         tag: SessionTag | None,
-        *,
         fresh: bool,
         resume: ResumeState | None,
-        keys: tuple[CallKey, ...],
-        call_stream: bool,
-        refuse_replay: Callable[[Send], Awaitable[None]],
+        keys: list[CallKey],
     ) -> None:
         self._guard = guard
         self._own = own
@@ -97,8 +94,8 @@ class Answer:
         self._resume = resume
         #: The calls whose stream this is: a chunk may deliver them.
         self._keys = keys
-        self._call_stream = call_stream
-        self._refuse_replay = refuse_replay
+        #: A forwarded resumption of a call's stream: the relay is told so.
+        self.call_stream = False
         # The task uvicorn logs from, held weakly: a strong reference from here (which the
         # SDK's own send chain may keep in a reference cycle) tied the whole request's task
         # and frames into that cycle, for the cyclic collector to find: measured, ~11% of an
@@ -158,12 +155,12 @@ class Answer:
         if self._resume is not None and status >= 500:
             # The app failed after the guard accepted (e.g. the store raised): translate.
             self._swallowing = True
-            await self._refuse_replay(self._closing)
+            await send_rejection(self._closing, "unknown", "the server could not replay")
             return
         headers, is_json = self._outgoing(message)
         if self._guard.is_draining():
             headers = with_close(headers)
-        if self._call_stream:
+        if self.call_stream:
             headers.append(_CALL_STREAM)
         if self._resume is None and status >= 400:
             for key in self._keys:  # refused by the app (e.g. an ended session): no call

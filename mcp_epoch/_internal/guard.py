@@ -15,7 +15,6 @@ This module does not import ``mcp``.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +41,11 @@ from mcp_epoch._internal.forward import (
 )
 from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.postbody import read_post
+from mcp_epoch._internal.replies import INVALID_REQUEST as INVALID_REQUEST
+from mcp_epoch._internal.replies import RequestId as RequestId
+from mcp_epoch._internal.replies import error_body as error_body
+from mcp_epoch._internal.replies import respond as respond
+from mcp_epoch._internal.replies import send_rejection as send_rejection
 from mcp_epoch._internal.resume import ResumeState, current_resume
 from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
@@ -50,7 +54,6 @@ from mcp_epoch.contract import (
     CALL_STREAM_HEADER,
     FORWARDED_TO_HEADER,
     MOVED_TO_HEADER,
-    REJECTED_HEADER,
     SERVED_BY_HEADER,
     TAIL_OF_HEADER,
     ProcessEpoch,
@@ -71,7 +74,7 @@ LAST_EVENT_ID_HEADER: Final = b"last-event-id"
 PROTOCOL_HEADER: Final = b"mcp-protocol-version"
 # Revisions with sessions and Last-Event-ID resumption (no header: the spec's default, 2025-03-26).
 RESUMABLE_REVISIONS: Final = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
-INVALID_REQUEST: Final = -32600
+_RESUMABLE: Final = frozenset(r.encode() for r in RESUMABLE_REVISIONS)
 #: How long a request sent on to where its session moved waits for this process's copy of
 #: the ledger to know that process.
 MOVE_WAIT: Final = 3.0
@@ -97,49 +100,6 @@ class ResumeAuthority(Protocol):
     def decide(self, cursor: str | EventId, owner: SessionTag | None) -> ReplayPlan: ...
 
     def is_zombie(self) -> bool: ...
-
-
-RequestId = str | int | None
-
-
-def error_body(
-    message: str,
-    data: dict[str, Any] | None = None,
-    code: int = INVALID_REQUEST,
-    request_id: RequestId = None,
-) -> bytes:
-    """A JSON-RPC error: what the guard answers instead of the SDK. It echoes the request's id
-    whenever the guard knows it: a client that cannot match an error to its request (the Go
-    SDK client cannot decode a null id) fails the whole session instead of that one call."""
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
-
-
-async def respond(
-    send: Send, status: int, body: bytes, extra: Sequence[tuple[bytes, bytes]] = ()
-) -> None:
-    """A complete JSON answer, sent by the guard itself."""
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"cache-control", b"no-store"),
-        *extra,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_rejection(
-    send: Send, reason: Reason, detail: str = "", request_id: RequestId = None
-) -> None:
-    """404 + ``Mcp-Resumption-Rejected``: the client must start a fresh session."""
-    data = {"reason": reason, **({"detail": detail} if detail else {})}
-    body = error_body(
-        f"Resumption rejected ({reason}): start a new session", data, request_id=request_id
-    )
-    await respond(send, 404, body, [(REJECTED_HEADER.encode(), reason.encode())])
 
 
 class ResumptionGuard:
@@ -206,10 +166,13 @@ class ResumptionGuard:
             await self.app(scope, receive, send)
             return
         raw_send, send = send, self._closing(send)
-        # The first of a repeated field counts (reversed, it is the last one written).
-        headers = {bytes(k).lower(): v for k, v in reversed(list(scope["headers"]))}
+        # Read as the app behind reads them (Starlette's ``Headers``): names as the server
+        # gives them (ASGI servers lower-case them), and the first of a repeated field counts
+        # (reversed, it is the last one written). Built in one step: this runs per request.
+        raw_headers = scope["headers"]
+        headers = dict(reversed(raw_headers if isinstance(raw_headers, list) else [*raw_headers]))
         revision = headers.get(PROTOCOL_HEADER)
-        if revision is not None and revision.decode("latin-1") not in RESUMABLE_REVISIONS:
+        if revision is not None and revision not in _RESUMABLE:
             await self.app(scope, receive, send)  # 2026-07-28 and later: not ours
             return
         own = self.store.epoch
@@ -267,7 +230,7 @@ class ResumptionGuard:
                 await self._reject_lost(send, owner, body, tried=True)
                 return
         if held is not None:
-            if self.handoff is not None:
+            if self.handoff is not None and self.handoff.moving(held):
                 await self.handoff.settled(held)  # a hand-on under way decides where it goes
             if held.moved_to is not None:
                 await self._to_moved(scope, body, receive, send, held.moved_to, forwarded)
@@ -436,18 +399,13 @@ class ResumptionGuard:
         if local is not None:
             scope = dict(scope, headers=_with_session(scope["headers"], local))
         resume = None if cursor is None else ResumeState()
+        keys = [(tag, rid) for rid in calls]
+        if streams:
+            keys += [(tag, rid) for rid in streams]
         answer = Answer(
-            self,
-            self.store.epoch_text,
-            request.raw_send,
-            send,
-            tag,
-            fresh=fresh,
-            resume=resume,
-            keys=tuple((tag, rid) for rid in (*streams, *calls)),
-            call_stream=call_stream,
-            refuse_replay=_refuse_replay,
+            self, self.store.epoch_text, request.raw_send, send, tag, fresh, resume, keys
         )
+        answer.call_stream = call_stream
         token = current_session.set(tag)
         if resume is None:
             # A request's context starts without a resumption (each runs in a task of its
@@ -553,15 +511,10 @@ class ResumptionGuard:
         return None
 
 
-async def _refuse_replay(send: Send) -> None:
-    """What a resumption the app failed to serve after the guard accepted it becomes."""
-    await send_rejection(send, "unknown", "the server could not replay")
-
-
 def _with_session(headers: Sequence[tuple[bytes, bytes]], local: str) -> list[tuple[bytes, bytes]]:
     """The request's headers with the SDK's own session ID instead of the one clients see."""
     value = local.encode("latin-1")
-    return [h if bytes(h[0]).lower() != SESSION_HEADER else (h[0], value) for h in headers]
+    return [h if h[0] != SESSION_HEADER else (h[0], value) for h in headers]
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -11,8 +11,7 @@ it reads the same, whoever asks, so sharing it is correct without any request co
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from pydantic_core import from_json
 
@@ -22,10 +21,10 @@ from pydantic_core import from_json
 WORK_METHODS: Final = frozenset({"tools/call"})
 
 
-@dataclass(frozen=True, slots=True)
-class PostBody:
+class PostBody(NamedTuple):
     """One POST body's JSON-RPC content; all empty for a body that is not JSON-RPC (the
-    server behind answers it, and there is no call to wait for)."""
+    server behind answers it, and there is no call to wait for). A named tuple: read for
+    every POST, and built in one step where a frozen dataclass set each field in turn."""
 
     body: bytes
     #: Its requests: each id as the SDK names the request's stream (``str(id)``), to the id as

@@ -161,7 +161,9 @@ class EpochEventStore(EventStore):
                 kind = type(message)
                 serializer = kind.__pydantic_serializer__
                 text = serializer.to_json(message, by_alias=True, exclude_unset=True).decode()
-                final = _FINAL_BY_TYPE.get(kind) or _is_final(kind)
+                final = _FINAL_BY_TYPE.get(kind)  # type: ignore[assignment]
+                if final is None:
+                    final = _is_final(kind)
         buffer.append(owner, stream_id, text, event_id, final)
         if final:
             inflight = self.inflight
