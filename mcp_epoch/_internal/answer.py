@@ -6,10 +6,11 @@ answer's start gets the session ID as the client holds it, this process's name, 
 call is delivered, and a stream that must not look complete (a session a drain ends, a resumed
 stream that lost events) is cut before its last chunk.
 
-Every chunk of every answer passes here: thirteen for a tool call with ten progress
-notifications. So an answer is one slotted object per request, and the app gets its bound
-method. A closure over the same state cost a cell per variable it captured, a dozen objects
-per request that the cyclic collector tracked for the request's whole life.
+Every chunk of every answer passes here (fourteen for a tool call with ten progress
+notifications), so :meth:`Answer.send` does the fewest steps it can for a body chunk and
+leaves the rest to the start and the last chunk. An answer is one slotted object per request
+whose bound method the app gets: its state in one place rather than a closure's dozen cells
+(which measured the same speed, ``python -m bench guard``).
 """
 
 from __future__ import annotations
