@@ -1,10 +1,12 @@
 """What mcp-epoch costs an SDK server: tool calls with progress, served three ways.
 
     python -m bench guard [--seconds 0.4] [--slices 10] [--clients 8] [--steps 10] [--rounds 15]
+                          [--processes 2]
 
 One ``MCPServer`` (``bench/guard_server.py``) with a tool that sends ``--steps`` progress
-notifications and answers, served (one process each, same uvicorn settings) with mcp-epoch
-(store, guard, live view of a real epoch service), with a no-op event store (the SDK's own
+notifications and answers, served three ways (``--processes`` identical processes each, each
+mcp-epoch one a pod of its own, all on the same uvicorn settings): with mcp-epoch (store,
+guard, live view of a real epoch service), with a no-op event store (the SDK's own
 resumability path alone) and with no event store. The Go load generator times each call until
 its whole SSE answer is read: throughput with ``--clients`` calls in flight on one session,
 latency with one call at a time (no queueing). Each server is one Python process (one core)
@@ -18,9 +20,11 @@ another differed by 20% or more), and interleaved slices a fraction of a second 
 same machine. Rounds of one 2 s slice per server spread 0.79-1.12x; six pooled 0.4 s slices
 put two identical servers within a standard deviation of 0.03 per round, and ten within about
 0.02, which the verdict's three-rounds-in-four rule needs to judge a gap of one or two percent.
-Each server's CPU per call is shown too. Targets: throughput
->= 0.95x the no-op store (our own cost) and >= 0.90x no store; p99 at most 1 ms above the
-no-op store.
+A round's slices of one variant go to its processes in turn (see :class:`Variant`): processes
+of the same code differ by a few percent, and one process per variant made each run's verdict
+a draw of whichever process it started. Each variant's CPU per call is shown too. Targets:
+throughput >= 0.95x the no-op store (our own cost) and >= 0.90x no store; p99 at most 1 ms
+above the no-op store.
 """
 
 from __future__ import annotations
@@ -75,15 +79,11 @@ def _session_headers(url: str, steps: int) -> dict[str, str]:
 
 @dataclass
 class Served:
-    """One of the three servers, running for the whole benchmark, and what it measured."""
+    """One server process, running for the whole benchmark."""
 
     proc: subprocess.Popen[str]
     url: str
     headers: dict[str, str]
-    busy: list[Load] = field(default_factory=list)  # one per round, its slices pooled
-    alone: list[Load] = field(default_factory=list)
-    cpu_ms: list[float] = field(default_factory=list)  # server CPU per call, one per round
-    _slices: list[tuple[Load, float, float]] = field(default_factory=list)
 
     def load(self, clients: int, seconds: float, steps: int) -> Load:
         return run(
@@ -97,10 +97,26 @@ class Served:
             status=200,
         )
 
-    def slice(self, clients: int, seconds: float, steps: int) -> None:
-        before = cpu_seconds(self.proc.pid)
-        busy = self.load(clients, seconds, steps)
-        self._slices.append((busy, seconds, cpu_seconds(self.proc.pid) - before))
+
+@dataclass
+class Variant:
+    """One of the three ways of serving, as several identical processes, and what they
+    measured. Processes of the same code differ by a few percent in CPU per call (three
+    mcp-epoch processes in one run: 2.35, 2.42 and 2.50 ms), as much as the gap being
+    judged; a round's slices go to each process in turn, so a round measures the variant,
+    not the one process a run happened to start."""
+
+    procs: list[Served]
+    busy: list[Load] = field(default_factory=list)  # one per round, its slices pooled
+    alone: list[Load] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)  # server CPU per call, one per round
+    _slices: list[tuple[Load, float, float]] = field(default_factory=list)
+
+    def slice(self, k: int, clients: int, seconds: float, steps: int) -> None:
+        served = self.procs[k % len(self.procs)]
+        before = cpu_seconds(served.proc.pid)
+        busy = served.load(clients, seconds, steps)
+        self._slices.append((busy, seconds, cpu_seconds(served.proc.pid) - before))
 
     def end_round(self) -> None:
         """Pool this round's slices into one figure (throughput, CPU per call, errors)."""
@@ -131,30 +147,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--alone", type=float, default=1.0, help="seconds of latency per round")
+    ap.add_argument("--processes", type=int, default=2, help="identical processes per variant")
     ap.add_argument("--quick", action="store_true", help="4 rounds of 4 slices")
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.slices, args.alone = 4, 4, 0.5
     work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
-    servers: dict[str, Served] = {}
+    servers: dict[str, Variant] = {}
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
-        epoch = svc.issue(NS, SERVER, "req-guard")
-        svc.send(api.bind(epoch, "guard", "uid-guard"))
-        env = {**svc.replica_env(epoch, NS, SERVER), "MCP_POD_NAME": "guard"}
+
+        def pod_env(n: int) -> dict[str, str]:
+            """The environment of a pod of its own (each mcp-epoch process is one pod)."""
+            epoch = svc.issue(NS, SERVER, f"req-guard-{n}")
+            svc.send(api.bind(epoch, f"guard-{n}", f"uid-guard-{n}"))
+            return {**svc.replica_env(epoch, NS, SERVER), "MCP_POD_NAME": f"guard-{n}"}
+
         try:
             for store in STORES:
-                proc, url = _start(store, env if store == "epoch" else {})
-                servers[store] = Served(proc, url, _session_headers(url, args.steps))
-                servers[store].load(args.clients, 1.0, args.steps)  # warm-up
+                servers[store] = Variant([])
+                for n in range(max(1, args.processes)):
+                    proc, url = _start(store, pod_env(n) if store == "epoch" else {})
+                    served = Served(proc, url, _session_headers(url, args.steps))
+                    servers[store].procs.append(served)
+                    served.load(args.clients, 1.0, args.steps)  # warm-up
             for rnd in range(args.rounds):
                 for k in range(args.slices):
                     order = STORES if k % 2 == 0 else tuple(reversed(STORES))
                     for store in order:
-                        servers[store].slice(args.clients, args.seconds, args.steps)
+                        servers[store].slice(rnd + k, args.clients, args.seconds, args.steps)
                 for store in order:
                     servers[store].end_round()
-                    alone = servers[store].load(1, args.alone, args.steps)
-                    servers[store].alone.append(alone)
+                    served = servers[store].procs[rnd % len(servers[store].procs)]
+                    servers[store].alone.append(served.load(1, args.alone, args.steps))
                 print(
                     f"  round {rnd + 1:2}: "
                     + "  ".join(f"{s} {servers[s].busy[-1].per_sec:6.1f}" for s in STORES)
@@ -162,13 +186,14 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         finally:
-            for served in servers.values():
-                served.proc.terminate()
-                served.proc.wait(10)
+            for variant in servers.values():
+                for served in variant.procs:
+                    served.proc.terminate()
+                    served.proc.wait(10)
     return _report(servers, args)
 
 
-def _report(servers: dict[str, Served], args: argparse.Namespace) -> int:
+def _report(servers: dict[str, Variant], args: argparse.Namespace) -> int:
     def paired(store: str, base: str) -> float:
         """Median over rounds of the ratio within each round: both slices of a round ran
         back to back, so a machine that speeds up or slows down moves both."""
@@ -181,7 +206,8 @@ def _report(servers: dict[str, Served], args: argparse.Namespace) -> int:
     added = p99["epoch"] - p99["noop"]
     print(
         f"tool calls with {args.steps} progress events, {args.rounds} rounds of {args.slices} "
-        f"{args.seconds:g} s slices each, the three servers side by side: throughput with "
+        f"{args.seconds:g} s slices each, the three servers side by side ({args.processes} "
+        "processes each, in turn): throughput with "
         f"{args.clients} in flight, latency one call at a time (Go client; the server is the "
         "bottleneck)"
     )
