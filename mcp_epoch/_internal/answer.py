@@ -60,6 +60,7 @@ class Answer:
     """One request's answer, from the app to the server's ``send`` (see the module)."""
 
     __slots__ = (
+        "_call_stream",
         "_closing",
         "_fresh",
         "_guard",
@@ -71,7 +72,6 @@ class Answer:
         "_tag",
         "_task",
         "_whole",
-        "call_stream",
     )
 
     def __init__(
@@ -84,6 +84,7 @@ class Answer:
         fresh: bool,
         resume: ResumeState | None,
         keys: list[CallKey],
+        call_stream: bool,
     ) -> None:
         self._guard = guard
         self._own = own
@@ -96,7 +97,7 @@ class Answer:
         #: The calls whose stream this is: a chunk may deliver them.
         self._keys = keys
         #: A forwarded resumption of a call's stream: the relay is told so.
-        self.call_stream = False
+        self._call_stream = call_stream
         # The task uvicorn logs from, held weakly: a strong reference from here (which the
         # SDK's own send chain may keep in a reference cycle) tied the whole request's task
         # and frames into that cycle, for the cyclic collector to find: measured, ~11% of an
@@ -161,7 +162,7 @@ class Answer:
         headers, is_json = self._outgoing(message)
         if self._guard.is_draining():
             headers = with_close(headers)
-        if self.call_stream:
+        if self._call_stream:
             headers.append(_CALL_STREAM)
         if self._resume is None and status >= 400:
             for key in self._keys:  # refused by the app (e.g. an ended session): no call

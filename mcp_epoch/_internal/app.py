@@ -68,8 +68,8 @@ FIRST_SYNC_TIMEOUT = 3.0
 #: How long ending the sessions a drain keeps at its deadline may take, in all.
 END_SESSIONS_SECONDS = 1.0
 INTERNAL_ERROR = -32603
-#: The paths mcp-epoch answers itself, before the guard and the app behind it.
-_OWN_PATHS = frozenset({DRAIN_PATH, READY_PATH, METRICS_PATH, HANDOFF_PATH})
+#: The paths mcp-epoch may answer before its process has an epoch (see _served_before_start).
+_OWN_PATHS = frozenset({DRAIN_PATH, READY_PATH, METRICS_PATH})
 
 
 def quiet_http_client_logs() -> None:
@@ -406,20 +406,17 @@ class EpochSafeApp:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _own_path(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
-        """A path of mcp-epoch's own (see :data:`_OWN_PATHS`); one the process does not serve
-        (the drain path without a drain token, a probe path asked with another method) goes
-        to the app behind, as any other request does."""
+    async def _served_before_start(self, path: str, scope: Scope, send: Send) -> bool:
+        """Serve the drain request and the probes, which answer even before the process has
+        its epoch; False for any other request (the drain path without a drain token, a
+        probe path asked with another method), which goes on as every request does."""
         if path == DRAIN_PATH and self.config.drain_token:
             await self._drain_request(scope, send)
-        elif path in (READY_PATH, METRICS_PATH) and scope["method"] == "GET":
+            return True
+        if path in (READY_PATH, METRICS_PATH) and scope["method"] == "GET":
             await self._probe(path, send)
-        elif not self.store.bound:
-            await respond(send, 503, error_body(NOT_STARTED, code=INTERNAL_ERROR))
-        elif path == HANDOFF_PATH:
-            await self._adopter(scope, receive, send)
-        else:
-            await self._guard(scope, receive, send)
+            return True
+        return False
 
     async def _drain_request(self, scope: Scope, send: Send) -> None:
         """``GET`` :data:`~mcp_epoch.contract.DRAIN_PATH` with the pod's drain token: wait the
@@ -446,10 +443,12 @@ class EpochSafeApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":  # every request: one test for the common case
             path = scope["path"]
-            if path in _OWN_PATHS:
-                await self._own_path(path, scope, receive, send)
-            elif not self.store.bound:
+            if path in _OWN_PATHS and await self._served_before_start(path, scope, send):
+                return
+            if not self.store.bound:
                 await respond(send, 503, error_body(NOT_STARTED, code=INTERNAL_ERROR))
+            elif path == HANDOFF_PATH:
+                await self._adopter(scope, receive, send)
             else:
                 if self._template is None:
                     self._template = {k: v for k, v in scope.items() if k != "headers"}

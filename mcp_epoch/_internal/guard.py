@@ -230,7 +230,7 @@ class ResumptionGuard:
                 await self._reject_lost(send, owner, body, tried=True)
                 return
         if held is not None:
-            if self.handoff is not None and self.handoff.moving(held):
+            if self.handoff is not None:
                 await self.handoff.settled(held)  # a hand-on under way decides where it goes
             if held.moved_to is not None:
                 await self._to_moved(scope, body, receive, send, held.moved_to, forwarded)
@@ -393,34 +393,30 @@ class ResumptionGuard:
                 host = dict(scope["headers"]).get(b"host")
                 tag.host = None if host is None else bytes(host).decode("latin-1")
         assert tag is not None or local is not None
-        started = self.inflight.started
         for rid in calls:
-            started((tag, rid))
+            self.inflight.started((tag, rid))
         if local is not None:
             scope = dict(scope, headers=_with_session(scope["headers"], local))
         resume = None if cursor is None else ResumeState()
-        keys = [(tag, rid) for rid in calls]
-        if streams:
-            keys += [(tag, rid) for rid in streams]
+        keys = [(tag, rid) for rid in (*streams, *calls)]
         answer = Answer(
-            self, self.store.epoch_text, request.raw_send, send, tag, fresh, resume, keys
+            self,
+            self.store.epoch_text,
+            request.raw_send,
+            send,
+            tag,
+            fresh,
+            resume,
+            keys,
+            call_stream,
         )
-        answer.call_stream = call_stream
         token = current_session.set(tag)
-        if resume is None:
-            # A request's context starts without a resumption (each runs in a task of its
-            # own): only a resumption sets one, one context change fewer for every call.
-            try:
-                await self.app(scope, receive, answer.send)
-            finally:
-                current_session.reset(token)
-        else:
-            resume_token = current_resume.set(resume)
-            try:
-                await self.app(scope, receive, answer.send)
-            finally:
-                current_resume.reset(resume_token)
-                current_session.reset(token)
+        resume_token = current_resume.set(resume)
+        try:
+            await self.app(scope, receive, answer.send)
+        finally:
+            current_resume.reset(resume_token)
+            current_session.reset(token)
         if method == "DELETE" and tag is not None:
             self.inflight.forget_session(tag)
 

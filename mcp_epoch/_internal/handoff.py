@@ -129,10 +129,6 @@ class Handoff:
 
     # --- moving sessions ------------------------------------------------------------------
 
-    def moving(self, tag: SessionTag) -> bool:
-        """Whether ``tag`` is being handed on now (asked for every request of a session)."""
-        return tag in self._moving
-
     async def settled(self, tag: SessionTag) -> None:
         """Return once ``tag`` is not being handed on (then ``tag.moved_to`` says where it is)."""
         event = self._moving.get(tag)

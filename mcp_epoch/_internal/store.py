@@ -60,16 +60,6 @@ class SnapshotSource(Protocol):
 
 #: The messages that end their request's stream (the SDK's own writer stops there too).
 _FINAL = (JSONRPCResponse, JSONRPCError)
-#: Whether a message class is final, by class: one dict lookup per event stored.
-_FINAL_BY_TYPE: dict[type, bool] = {}
-
-
-def _is_final(kind: type) -> bool:
-    final = _FINAL_BY_TYPE.get(kind)
-    if final is None:
-        final = _FINAL_BY_TYPE[kind] = issubclass(kind, _FINAL)
-    return final
-
 
 #: What a store without a view of the ledger sees (it is immutable: one serves every request).
 _NO_VIEW = EpochSnapshot()
@@ -141,34 +131,24 @@ class EpochEventStore(EventStore):
         return self._prefix + str(seq)
 
     async def store_event(self, stream_id: str, message: JSONRPCMessage | RawMessage | None) -> str:
-        # Every message of every stream passes here (a dozen per tool call with progress):
-        # written out flat, with the serializer and the final check taken from the message's
-        # type, not through ``message_json`` and ``isinstance``.
-        prefix = self._prefix
-        if not prefix:
+        if not self._prefix:
             raise RuntimeError(NOT_STARTED)
         buffer = self.buffer
         owner = current_session.get()
-        event_id = prefix + str(buffer.next_seq)
+        event_id = self._prefix + str(buffer.next_seq)
         # Kept as the text it is sent as: one string, which the collector never walks, where
         # an SDK model is a handful of tracked objects held for the whole window.
         text: str | None = None
         final = False
         if message is not None:
+            text = self.message_json(message)
             if isinstance(message, RawMessage):
-                text, final = message.json, message.final
+                final = message.final
             else:
-                kind = type(message)
-                serializer = kind.__pydantic_serializer__
-                text = serializer.to_json(message, by_alias=True, exclude_unset=True).decode()
-                final = _FINAL_BY_TYPE.get(kind)  # type: ignore[assignment]
-                if final is None:
-                    final = _is_final(kind)
+                final = isinstance(message, _FINAL)
         buffer.append(owner, stream_id, text, event_id, final)
-        if final:
-            inflight = self.inflight
-            if inflight is not None:
-                inflight.answered((owner, stream_id))
+        if final and self.inflight is not None:
+            self.inflight.answered((owner, stream_id))
         if self._followers:
             self._followers.wake((owner, stream_id))
         return event_id
