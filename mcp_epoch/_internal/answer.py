@@ -15,9 +15,7 @@ whose bound method the app gets: its state in one place rather than a closure's 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Final, Protocol
 
@@ -25,7 +23,6 @@ from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.replies import send_rejection
 from mcp_epoch._internal.resume import ResumeState
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag
-from mcp_epoch._internal.unfinished import UNFINISHED
 from mcp_epoch.contract import CALL_STREAM_HEADER, SERVED_BY_HEADER, SESSION_SEPARATOR
 
 log = logging.getLogger(__name__)
@@ -48,6 +45,8 @@ class Guarding(Protocol):
 
     def is_draining(self) -> bool: ...
 
+    def closing(self, send: Send) -> Send: ...
+
 
 def with_close(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """``headers`` with ``Connection: close`` in place of any ``Connection`` field."""
@@ -61,7 +60,6 @@ class Answer:
 
     __slots__ = (
         "_call_stream",
-        "_closing",
         "_fresh",
         "_guard",
         "_keys",
@@ -70,8 +68,8 @@ class Answer:
         "_send",
         "_swallowing",
         "_tag",
-        "_task",
         "_whole",
+        "cut",
     )
 
     def __init__(
@@ -79,7 +77,6 @@ class Answer:
         guard: Guarding,
         own: str,
         send: Send,
-        closing: Send,
         tag: SessionTag | None,
         fresh: bool,
         resume: ResumeState | None,
@@ -89,8 +86,6 @@ class Answer:
         self._guard = guard
         self._own = own
         self._send = send
-        #: ``send`` with the guard's "close while draining" layer, for answers of its own.
-        self._closing = closing
         self._tag = tag
         self._fresh = fresh
         self._resume = resume
@@ -98,35 +93,45 @@ class Answer:
         self._keys = keys
         #: A forwarded resumption of a call's stream: the relay is told so.
         self._call_stream = call_stream
-        # The task uvicorn logs from, held weakly: a strong reference from here (which the
-        # SDK's own send chain may keep in a reference cycle) tied the whole request's task
-        # and frames into that cycle, for the cyclic collector to find: measured, ~11% of an
-        # SDK server's calls, and most of the collector time mcp-epoch added.
-        current = asyncio.current_task()
-        self._task = None if current is None else weakref.ref(current)
         self._swallowing = False
         self._whole = False  # a JSON (not SSE) answer: its end delivers the call
+        #: The stream was cut on purpose: the guard tells uvicorn's log so once the app has
+        #: returned, in the task uvicorn logs from (the task that sends may be another).
+        self.cut = False
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        """The app's ``send``. A plain function, not a coroutine: a chunk with more to follow
+        and no call of its stream answered yet teaches nothing, and goes to the server's
+        ``send`` as it is, with no frame of this layer around it (most chunks: progress and
+        other notifications). Every other message takes :meth:`_deliver`."""
+        if message["type"] == "http.response.body" and message.get("more_body", False):
+            is_answered = self._guard.inflight.is_answered
+            for key in self._keys:
+                if is_answered(key, False):
+                    break
+            else:
+                if not self._swallowing:
+                    return self._send(message)
+        return self._deliver(message)
+
+    async def _deliver(self, message: Message) -> None:
         kind = message["type"]
-        if kind == "http.response.body":  # most messages: kept to the fewest steps
+        if kind == "http.response.body":
             if self._swallowing:
                 return
             more = message.get("more_body", False)
             if not more and self._cut():
                 return
             await self._send(message)
-            # A chunk written after the call's answer was stored carries that answer (it is
+            # A chunk written once the call's answer was stored carries that answer (it is
             # the last message of its stream): the call is delivered. Clients often close a
             # stream once they have the answer, before its final empty chunk.
-            keys = self._keys
-            if keys:
-                inflight = self._guard.inflight
-                for key in keys:
-                    if self._whole and not more:
-                        inflight.delivered_whole(key)
-                    elif inflight.is_answered(key, False):
-                        inflight.sent_after(key)
+            inflight = self._guard.inflight
+            for key in self._keys:
+                if self._whole and not more:
+                    inflight.delivered_whole(key)
+                elif inflight.is_answered(key, False):
+                    inflight.sent_after(key)
             return
         if kind != "http.response.start":
             if not self._swallowing:
@@ -141,7 +146,7 @@ class Answer:
             # A drain that ran out of time ends this session: its streams are cut, not
             # ended, so the client comes back (and hears the session is gone) instead of
             # waiting for an answer on a stream that looks complete.
-            UNFINISHED.expect(None if self._task is None else self._task())
+            self.cut = True
             return True
         resume = self._resume
         if resume is not None and resume.broken:
@@ -157,7 +162,9 @@ class Answer:
         if self._resume is not None and status >= 500:
             # The app failed after the guard accepted (e.g. the store raised): translate.
             self._swallowing = True
-            await send_rejection(self._closing, "unknown", "the server could not replay")
+            await send_rejection(
+                self._guard.closing(self._send), "unknown", "the server could not replay"
+            )
             return
         headers, is_json = self._outgoing(message)
         if self._guard.is_draining():
@@ -177,17 +184,17 @@ class Answer:
         own, tag = self._own, self._tag
         out = [(_SERVED_BY, own.encode())]
         is_json = False
-        for key, value in start.get("headers", ()):
+        for header in start.get("headers", ()):
+            key, value = header
             name = bytes(key).lower()
             if name == SESSION_HEADER:
                 local = bytes(value).decode("latin-1")
                 public = f"{own}{SESSION_SEPARATOR}{local}"
                 if self._fresh and tag is not None:
                     self._guard.sessions.bind(local, tag, public)
-                value = (tag.public_id if tag is not None and tag.public_id else public).encode(
-                    "latin-1"
-                )
+                shown = tag.public_id if tag is not None and tag.public_id else public
+                header = (key, shown.encode("latin-1"))
             elif name == b"content-type":
                 is_json = bytes(value).startswith(b"application/json")
-            out.append((key, value))
+            out.append(header)
         return out, is_json

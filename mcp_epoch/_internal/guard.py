@@ -50,6 +50,7 @@ from mcp_epoch._internal.resume import ResumeState, current_resume
 from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.sessions import SessionRegistry, SessionTag, current_session
 from mcp_epoch._internal.snapshot import EpochSnapshot
+from mcp_epoch._internal.unfinished import UNFINISHED
 from mcp_epoch.contract import (
     CALL_STREAM_HEADER,
     FORWARDED_TO_HEADER,
@@ -147,11 +148,11 @@ class ResumptionGuard:
         rec = view.epochs.get(self.store.pod_text)
         return rec is not None and rec.state == "draining"
 
-    def _closing(self, send: Send) -> Send:
+    def closing(self, send: Send) -> Send:
         """While draining, every answer says ``Connection: close``: no client or peer keeps an
         idle connection to this process, so none sends a request on a connection the process
         is closing as it exits (it would be lost unanswered, and unknowable as "not run").
-        The app's own answers get it from :meth:`_wrap_send` instead, one layer fewer on each
+        The app's own answers get it from :class:`Answer` instead, one layer fewer on each
         of their chunks."""
 
         async def closing(message: Message) -> None:
@@ -165,7 +166,7 @@ class ResumptionGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        raw_send, send = send, self._closing(send)
+        raw_send, send = send, self.closing(send)
         # Read as the app behind reads them (Starlette's ``Headers``): names as the server
         # gives them (ASGI servers lower-case them), and the first of a repeated field counts
         # (reversed, it is the last one written). Built in one step: this runs per request.
@@ -379,7 +380,7 @@ class ResumptionGuard:
             if post.work and local is not None and self.is_draining():
                 await self._refuse_or_hand_on(request, tag)
                 return
-            receive = _replay(body, receive)  # the SDK reads the body the guard has read
+            receive = _Replay(body, receive)  # the SDK reads the body the guard has read
             for rid in post.cancelled:
                 self.inflight.forget((tag, rid))
             if post.log_level is not None and tag is not None:
@@ -403,7 +404,6 @@ class ResumptionGuard:
             self,
             self.store.epoch_text,
             request.raw_send,
-            send,
             tag,
             fresh,
             resume,
@@ -411,12 +411,17 @@ class ResumptionGuard:
             call_stream,
         )
         token = current_session.set(tag)
-        resume_token = current_resume.set(resume)
+        # Set only when there is one (a request's context starts without): a set is a new
+        # context mapping, which the SDK's tasks keep until the collector frees them.
+        resume_token = None if resume is None else current_resume.set(resume)
         try:
             await self.app(scope, receive, answer.send)
         finally:
-            current_resume.reset(resume_token)
+            if resume_token is not None:
+                current_resume.reset(resume_token)
             current_session.reset(token)
+            if answer.cut:
+                UNFINISHED.expect()
         if method == "DELETE" and tag is not None:
             self.inflight.forget_session(tag)
 
@@ -513,19 +518,24 @@ def _with_session(headers: Sequence[tuple[bytes, bytes]], local: str) -> list[tu
     return [h if h[0] != SESSION_HEADER else (h[0], value) for h in headers]
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+class _Replay:
     """A ``receive`` that hands out ``body`` whole once, then whatever ``receive`` brings next
-    (a disconnect): the app sees the request as the client sent it."""
-    replayed = False
+    (a disconnect): the app sees the request as the client sent it. One object, not a closure
+    and its cells: the SDK's request ends in a reference cycle that holds its ``receive``, and
+    everything held there waits for the cyclic collector."""
 
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
+    __slots__ = ("_body", "_receive")
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self._body: bytes | None = body
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        body = self._body
+        if body is not None:
+            self._body = None
             return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
+        return await self._receive()
 
 
 @dataclass(slots=True)
@@ -540,7 +550,7 @@ class _Request:
     method: str | None
     forwarded: bool
     revision: bytes | None  # its Mcp-Protocol-Version
-    #: ``send`` without the guard's own "close while draining" layer (see ``_closing``).
+    #: ``send`` without the guard's own "close while draining" layer (see ``closing``).
     raw_send: Send
 
 

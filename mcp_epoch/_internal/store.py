@@ -60,6 +60,24 @@ class SnapshotSource(Protocol):
 
 #: The messages that end their request's stream (the SDK's own writer stops there too).
 _FINAL = (JSONRPCResponse, JSONRPCError)
+#: Whether a message class ends its stream, learnt once per class: ``isinstance`` against
+#: pydantic's classes goes through ``ABCMeta`` (measured: a tenth of an event's cost).
+_ENDS_STREAM: dict[type, bool] = {}
+
+
+def wire(message: JSONRPCMessage | RawMessage) -> tuple[str, bool]:
+    """A message as the SDK writes it on a stream (and as the buffer keeps it), and whether
+    it ends its stream. One function for every event stored, so it takes the fewest steps."""
+    if isinstance(message, RawMessage):
+        return message.json, message.final
+    cls = type(message)
+    final = _ENDS_STREAM.get(cls)
+    if final is None:
+        final = _ENDS_STREAM[cls] = issubclass(cls, _FINAL)
+    # What ``model_dump_json`` does, without its Python layer (half its time).
+    serializer = cls.__pydantic_serializer__
+    return serializer.to_json(message, by_alias=True, exclude_unset=True).decode(), final
+
 
 #: What a store without a view of the ledger sees (it is immutable: one serves every request).
 _NO_VIEW = EpochSnapshot()
@@ -120,12 +138,7 @@ class EpochEventStore(EventStore):
     @staticmethod
     def message_json(message: JSONRPCMessage | RawMessage) -> str:
         """A message as the SDK writes it on a stream (and as the buffer keeps it)."""
-        if isinstance(message, RawMessage):
-            return message.json
-        # What ``model_dump_json`` does, without its Python layer (half its time, paid for
-        # every event stored).
-        serializer = type(message).__pydantic_serializer__
-        return serializer.to_json(message, by_alias=True, exclude_unset=True).decode()
+        return wire(message)[0]
 
     def event_id(self, seq: int) -> str:
         return self._prefix + str(seq)
@@ -138,14 +151,7 @@ class EpochEventStore(EventStore):
         event_id = self._prefix + str(buffer.next_seq)
         # Kept as the text it is sent as: one string, which the collector never walks, where
         # an SDK model is a handful of tracked objects held for the whole window.
-        text: str | None = None
-        final = False
-        if message is not None:
-            text = self.message_json(message)
-            if isinstance(message, RawMessage):
-                final = message.final
-            else:
-                final = isinstance(message, _FINAL)
+        text, final = (None, False) if message is None else wire(message)
         buffer.append(owner, stream_id, text, event_id, final)
         if final and self.inflight is not None:
             self.inflight.answered((owner, stream_id))
