@@ -62,6 +62,7 @@ class Answer:
         "_call_stream",
         "_fresh",
         "_guard",
+        "_is_answered",
         "_keys",
         "_own",
         "_resume",
@@ -84,6 +85,7 @@ class Answer:
         call_stream: bool,
     ) -> None:
         self._guard = guard
+        self._is_answered = guard.inflight.is_answered
         self._own = own
         self._send = send
         self._tag = tag
@@ -105,7 +107,7 @@ class Answer:
         ``send`` as it is, with no frame of this layer around it (most chunks: progress and
         other notifications). Every other message takes :meth:`_deliver`."""
         if message["type"] == "http.response.body" and message.get("more_body", False):
-            is_answered = self._guard.inflight.is_answered
+            is_answered = self._is_answered
             for key in self._keys:
                 if is_answered(key, False):
                     break
@@ -188,11 +190,12 @@ class Answer:
             key, value = header
             name = bytes(key).lower()
             if name == SESSION_HEADER:
-                local = bytes(value).decode("latin-1")
-                public = f"{own}{SESSION_SEPARATOR}{local}"
-                if self._fresh and tag is not None:
-                    self._guard.sessions.bind(local, tag, public)
-                shown = tag.public_id if tag is not None and tag.public_id else public
+                shown = None if self._fresh or tag is None else tag.public_id
+                if not shown:
+                    local = bytes(value).decode("latin-1")
+                    shown = f"{own}{SESSION_SEPARATOR}{local}"
+                    if self._fresh and tag is not None:
+                        self._guard.sessions.bind(local, tag, shown)
                 header = (key, shown.encode("latin-1"))
             elif name == b"content-type":
                 is_json = bytes(value).startswith(b"application/json")

@@ -452,7 +452,7 @@ class EpochSafeApp:
             else:
                 if self._template is None:
                     self._template = {k: v for k, v in scope.items() if k != "headers"}
-                await self._guard(scope, receive, send)
+                await self._guard.handle(scope, receive, send)
             return
         if scope["type"] != "lifespan":
             await self._guard(scope, receive, send)

@@ -16,12 +16,12 @@ This module does not import ``mcp``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from mcp_epoch._internal.answer import SESSION_HEADER as SESSION_HEADER
-from mcp_epoch._internal.answer import Answer, with_close
+from mcp_epoch._internal.answer import Answer, CallKey, with_close
 from mcp_epoch._internal.body import BodyTooLarge, read_body
 from mcp_epoch._internal.decision import ReplayPlan, TailPlan, classify, decide_handed
 from mcp_epoch._internal.errors import Reason, ResumptionRejected
@@ -163,10 +163,15 @@ class ResumptionGuard:
         return closing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handle(scope, receive, send)
+
+    def handle(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """The request's handling, for the caller to await (``EpochSafeApp`` does, one
+        coroutine fewer around every step the app takes). A request of a session held here,
+        with nothing to route (no cursor, not forwarded, not moving), goes straight to
+        :meth:`_serve`; every other request takes :meth:`_route`."""
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        raw_send, send = send, self.closing(send)
+            return self.app(scope, receive, send)
         # Read as the app behind reads them (Starlette's ``Headers``): names as the server
         # gives them (ASGI servers lower-case them), and the first of a repeated field counts
         # (reversed, it is the last one written). Built in one step: this runs per request.
@@ -174,18 +179,40 @@ class ResumptionGuard:
         headers = dict(reversed(raw_headers if isinstance(raw_headers, list) else [*raw_headers]))
         revision = headers.get(PROTOCOL_HEADER)
         if revision is not None and revision not in _RESUMABLE:
-            await self.app(scope, receive, send)  # 2026-07-28 and later: not ours
-            return
+            return self.app(scope, receive, self.closing(send))  # 2026-07-28 and later: not ours
+        method = scope.get("method")
+        raw_sid = headers.get(SESSION_HEADER)
+        if raw_sid is not None and _FORWARDED_TO not in headers:
+            held = self.sessions.held(raw_sid.decode("latin-1"))
+            if (
+                held is not None
+                and held.moved_to is None
+                and not (method == "GET" and headers.get(LAST_EVENT_ID_HEADER))
+                and (self.handoff is None or not self.handoff.is_moving(held))
+            ):
+                request = _Request(scope, None, receive, send, method, False, revision, raw_sid)
+                return self._serve(request, held, held.session_id, None)
+        return self._route(scope, receive, send, headers, method, revision)
+
+    async def _route(
+        self,
+        scope: Scope,
+        receive: Receive,
+        raw_send: Send,
+        headers: dict[bytes, bytes],
+        method: str | None,
+        revision: bytes | None,
+    ) -> None:
+        send = self.closing(raw_send)
         own = self.store.epoch
         forwarded_to = headers.get(_FORWARDED_TO)
         if forwarded_to is not None and forwarded_to.decode("latin-1") != str(own):
-            body = error_body(f"this is process {own}, not {forwarded_to.decode('latin-1')!r}")
+            refusal = error_body(f"this is process {own}, not {forwarded_to.decode('latin-1')!r}")
             mark = (NOT_THE_OWNER_HEADER.encode(), str(own).encode())
-            await respond(send, MISDIRECTED, body, [mark])
+            await respond(send, MISDIRECTED, refusal, [mark])
             return
         forwarded = forwarded_to is not None
 
-        method = scope.get("method")
         raw_cursor = headers.get(LAST_EVENT_ID_HEADER)
         cursor: EventId | None = None
         if method == "GET" and raw_cursor:
@@ -210,18 +237,13 @@ class ResumptionGuard:
         if owner is None and held is None and cursor is not None:
             owner = cursor.epoch
         elsewhere = owner is not None and owner != own
-        body = b""
+        body: bytes | None = None
         if method == "POST" or elsewhere:
-            # Once, before deciding anything (see mcp_epoch._internal.body for why).
-            try:
-                body, early = await read_body(receive)
-            except BodyTooLarge as exc:
-                await respond(send, 413, error_body(str(exc)))
+            body = await self._read_body(receive, send)
+            if body is None:
                 return
-            if early is not None:
-                return  # the client left before its request arrived: nothing ran
         if elsewhere:
-            assert owner is not None
+            assert owner is not None and body is not None
             if await self._to_owner(scope, body, receive, send, owner, forwarded=forwarded):
                 return
             # The session's chain of holders led here: it was handed here while this request
@@ -234,9 +256,11 @@ class ResumptionGuard:
             if self.handoff is not None:
                 await self.handoff.settled(held)  # a hand-on under way decides where it goes
             if held.moved_to is not None:
-                await self._to_moved(scope, body, receive, send, held.moved_to, forwarded)
+                moved = held.moved_to
+                await self._to_moved(scope, body or b"", receive, send, moved, forwarded)
                 return
         elif sid is None and method == "POST":
+            assert body is not None
             if self.store.is_zombie():
                 await send_rejection(send, "retired", "this process's epoch is retired")
                 return
@@ -247,8 +271,19 @@ class ResumptionGuard:
         if held is None and sid is not None:
             held = self.sessions.get(sid.local)
         local = held.session_id if held is not None else sid.local if sid is not None else None
-        request = _Request(scope, body, receive, send, method, forwarded, revision, raw_send)
+        request = _Request(scope, body, receive, raw_send, method, forwarded, revision, raw_sid)
         await self._serve(request, held, local, cursor)
+
+    async def _read_body(self, receive: Receive, send: Send) -> bytes | None:
+        """The request's body, read once, before deciding anything (see
+        mcp_epoch._internal.body for why); None when it was answered (413) or the client left
+        before its request arrived (nothing ran)."""
+        try:
+            body, early = await read_body(receive)
+        except BodyTooLarge as exc:
+            await respond(self.closing(send), 413, error_body(str(exc)))
+            return None
+        return body if early is None else None
 
     async def _to_owner(
         self,
@@ -356,27 +391,32 @@ class ResumptionGuard:
     async def _serve(
         self, request: _Request, tag: SessionTag | None, local: str | None, cursor: EventId | None
     ) -> None:
-        scope, body, receive, send = request.scope, request.body, request.receive, request.send
-        method = request.method
-        streams: list[str] = []  # the request streams whose chunks may deliver a call
+        scope, receive, method = request.scope, request.receive, request.method
         call_stream = False  # a forwarded resumption of a call's stream: the relay says so
-        if tag is not None and request.revision is not None:
-            tag.protocol_version = request.revision.decode("latin-1")
-        if tag is not None and tag.tails:
-            self.served_handed += 1
+        if tag is not None:
+            if request.revision is not None:
+                tag.protocol_version = request.revision.decode("latin-1")
+            if tag.tails:
+                self.served_handed += 1
+        keys: list[CallKey] = []  # the calls whose stream this is: its chunks may deliver them
+        calls: Iterable[str] = ()
         if cursor is not None:
             if tag is not None and tag.tails and cursor.epoch != self.store.epoch:
                 await self._replay_handed(request, tag, cursor)
                 return
-            plan = await self._admit_resumption(cursor, tag, send)
+            plan = await self._admit_resumption(cursor, tag, request)
             if plan is None:
                 return
-            streams.append(plan.stream_id)
+            keys.append((tag, plan.stream_id))
             call_stream = request.forwarded and plan.stream_id != STANDALONE_STREAM
-        calls: list[str] = []
         if method == "POST":
+            body = request.body
+            if body is None:
+                body = request.body = await self._read_body(receive, request.send)
+                if body is None:
+                    return
             post = read_post(body)
-            calls = list(post.calls)
+            calls = post.calls
             if post.work and local is not None and self.is_draining():
                 await self._refuse_or_hand_on(request, tag)
                 return
@@ -389,26 +429,20 @@ class ResumptionGuard:
         if fresh:
             tag = SessionTag()
             if method == "POST":  # what a handoff replays to open the session elsewhere
-                tag.initialize = body
+                tag.initialize = request.body
                 tag.path = str(scope.get("path", ""))
                 host = dict(scope["headers"]).get(b"host")
                 tag.host = None if host is None else bytes(host).decode("latin-1")
         assert tag is not None or local is not None
         for rid in calls:
-            self.inflight.started((tag, rid))
+            key = (tag, rid)
+            self.inflight.started(key)
+            keys.append(key)
         if local is not None:
-            scope = dict(scope, headers=_with_session(scope["headers"], local))
+            scope = dict(scope, headers=_with_session(scope["headers"], request.raw_sid, local))
         resume = None if cursor is None else ResumeState()
-        keys = [(tag, rid) for rid in (*streams, *calls)]
         answer = Answer(
-            self,
-            self.store.epoch_text,
-            request.raw_send,
-            tag,
-            fresh,
-            resume,
-            keys,
-            call_stream,
+            self, self.store.epoch_text, request.send, tag, fresh, resume, keys, call_stream
         )
         token = current_session.set(tag)
         # Set only when there is one (a request's context starts without): a set is a new
@@ -434,13 +468,14 @@ class ResumptionGuard:
             moved = await self.handoff.hand_on_when_idle(tag)
         if moved is not None:
             r = request
-            await self._to_moved(r.scope, r.body, r.receive, r.send, moved, r.forwarded)
+            body = r.body or b""
+            await self._to_moved(r.scope, body, r.receive, self.closing(r.send), moved, r.forwarded)
             return
         await send_rejection(
-            request.send,
+            self.closing(request.send),
             "retired",
             "this process is draining: the call was not started, start a new session",
-            read_post(request.body).single_id,
+            read_post(request.body or b"").single_id,
         )
 
     async def _replay_handed(self, request: _Request, tag: SessionTag, cursor: EventId) -> None:
@@ -451,10 +486,10 @@ class ResumptionGuard:
             plan = decide_handed(cursor, tag.tails)
         except ResumptionRejected as exc:
             log.info("resumption of a handed-over session rejected: %s", exc)
-            await send_rejection(request.send, exc.reason, exc.detail)
+            await send_rejection(self.closing(request.send), exc.reason, exc.detail)
             return
         self.tail_replays += 1
-        send = request.send
+        send = self.closing(request.send)
         standalone = plan.stream_id == STANDALONE_STREAM
         headers = [
             (b"content-type", b"text/event-stream"),
@@ -475,11 +510,12 @@ class ResumptionGuard:
         IDs): the SDK's own GET, its head dropped (the client has ours already)."""
         headers = [
             (k, v)
-            for k, v in _with_session(request.scope["headers"], local)
+            for k, v in _with_session(request.scope["headers"], request.raw_sid, local)
             if bytes(k).lower() != LAST_EVENT_ID_HEADER
         ]
         scope = dict(request.scope, headers=headers)
         refused = False
+        send = self.closing(request.send)
 
         async def body_only(message: Message) -> None:
             nonlocal refused
@@ -487,7 +523,7 @@ class ResumptionGuard:
                 refused = message.get("status", 200) >= 300
                 return
             if not refused:
-                await request.send(message)
+                await send(message)
 
         token = current_session.set(tag)
         try:
@@ -495,11 +531,12 @@ class ResumptionGuard:
         finally:
             current_session.reset(token)
         if refused:  # e.g. the session already has a standalone stream: end this one cleanly
-            await request.send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _admit_resumption(
-        self, cursor: EventId, tag: SessionTag | None, send: Send
+        self, cursor: EventId, tag: SessionTag | None, request: _Request
     ) -> ReplayPlan | None:
+        send = self.closing(request.send)
         try:
             return self.store.decide(cursor, tag)
         except ResumptionRejected as exc:
@@ -512,10 +549,18 @@ class ResumptionGuard:
         return None
 
 
-def _with_session(headers: Sequence[tuple[bytes, bytes]], local: str) -> list[tuple[bytes, bytes]]:
-    """The request's headers with the SDK's own session ID instead of the one clients see."""
+def _with_session(
+    headers: Sequence[tuple[bytes, bytes]], shown: bytes | None, local: str
+) -> list[tuple[bytes, bytes]]:
+    """The request's headers with the SDK's own session ID instead of ``shown``, the one the
+    client sent: its field is found by value in one step, where a comprehension ran Python
+    code per header (fields a server gave in another shape are rewritten one by one)."""
     value = local.encode("latin-1")
-    return [h if h[0] != SESSION_HEADER else (h[0], value) for h in headers]
+    out = list(headers)
+    if shown is not None and (SESSION_HEADER, shown) in out:
+        out[out.index((SESSION_HEADER, shown))] = (SESSION_HEADER, value)
+        return out
+    return [h if h[0] != SESSION_HEADER else (h[0], value) for h in out]
 
 
 class _Replay:
@@ -540,18 +585,20 @@ class _Replay:
 
 @dataclass(slots=True)
 class _Request:
-    """One request as the guard has read it (its body, if a POST, read whole). Not frozen:
-    a frozen dataclass sets each field through ``object.__setattr__``, on every request."""
+    """One request as the guard has read it. Not frozen: a frozen dataclass sets each field
+    through ``object.__setattr__``, on every request."""
 
     scope: Scope
-    body: bytes
+    #: Its body once read (a POST's, or a forwarded request's); None: not read yet.
+    body: bytes | None
     receive: Receive
+    #: The server's ``send``: the app's answers take :class:`Answer`, the guard's own take
+    #: :meth:`ResumptionGuard.closing` (both say ``Connection: close`` while draining).
     send: Send
     method: str | None
     forwarded: bool
     revision: bytes | None  # its Mcp-Protocol-Version
-    #: ``send`` without the guard's own "close while draining" layer (see ``closing``).
-    raw_send: Send
+    raw_sid: bytes | None  # its Mcp-Session-Id as sent
 
 
 def _events(plan: TailPlan) -> bytes:

@@ -129,6 +129,10 @@ class Handoff:
 
     # --- moving sessions ------------------------------------------------------------------
 
+    def is_moving(self, tag: SessionTag) -> bool:
+        """Whether ``tag`` is being handed on now (:meth:`settled` waits for the outcome)."""
+        return tag in self._moving
+
     async def settled(self, tag: SessionTag) -> None:
         """Return once ``tag`` is not being handed on (then ``tag.moved_to`` says where it is)."""
         event = self._moving.get(tag)
