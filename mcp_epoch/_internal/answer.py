@@ -105,41 +105,43 @@ class Answer:
         """The app's ``send``. A plain function, not a coroutine: a chunk with more to follow
         and no call of its stream answered yet teaches nothing, and goes to the server's
         ``send`` as it is, with no frame of this layer around it (most chunks: progress and
-        other notifications). Every other message takes :meth:`_deliver`."""
-        if message["type"] == "http.response.body" and message.get("more_body", False):
-            is_answered = self._is_answered
-            for key in self._keys:
-                if is_answered(key, False):
-                    break
-            else:
-                if not self._swallowing:
-                    return self._send(message)
-        return self._deliver(message)
-
-    async def _deliver(self, message: Message) -> None:
+        other notifications). Other chunks take :meth:`_deliver`, the start :meth:`_start`."""
         kind = message["type"]
         if kind == "http.response.body":
-            if self._swallowing:
-                return
-            more = message.get("more_body", False)
-            if not more and self._cut():
-                return
+            if message.get("more_body", False):
+                is_answered = self._is_answered
+                for key in self._keys:
+                    if is_answered(key, False):
+                        break
+                else:
+                    if not self._swallowing:
+                        return self._send(message)
+            return self._deliver(message)
+        if kind == "http.response.start":
+            return self._start(message)
+        return self._other(message)
+
+    async def _deliver(self, message: Message) -> None:
+        if self._swallowing:
+            return
+        more = message.get("more_body", False)
+        if not more and self._cut():
+            return
+        await self._send(message)
+        # A chunk written once the call's answer was stored carries that answer (it is the
+        # last message of its stream): the call is delivered. Clients often close a stream
+        # once they have the answer, before its final empty chunk.
+        inflight = self._guard.inflight
+        for key in self._keys:
+            if self._whole and not more:
+                inflight.delivered_whole(key)
+            elif inflight.is_answered(key, False):
+                inflight.sent_after(key)
+
+    async def _other(self, message: Message) -> None:
+        """Any other message (an extension's): as it is, unless the answer is swallowed."""
+        if not self._swallowing:
             await self._send(message)
-            # A chunk written once the call's answer was stored carries that answer (it is
-            # the last message of its stream): the call is delivered. Clients often close a
-            # stream once they have the answer, before its final empty chunk.
-            inflight = self._guard.inflight
-            for key in self._keys:
-                if self._whole and not more:
-                    inflight.delivered_whole(key)
-                elif inflight.is_answered(key, False):
-                    inflight.sent_after(key)
-            return
-        if kind != "http.response.start":
-            if not self._swallowing:
-                await self._send(message)
-            return
-        await self._start(message)
 
     def _cut(self) -> bool:
         """Whether the stream ends without its last chunk."""

@@ -95,4 +95,5 @@ def _read(body: bytes) -> PostBody:
     single = None
     if isinstance(parsed, dict) and "method" in parsed:
         single = _id(parsed.get("id"))
-    return PostBody(body, calls, tuple(cancelled), work, level, single, asked)
+    # Built as ``_make`` builds a named tuple, without its Python ``__new__`` (read per POST).
+    return tuple.__new__(PostBody, (body, calls, tuple(cancelled), work, level, single, asked))
