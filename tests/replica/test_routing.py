@@ -6,6 +6,7 @@ import anyio
 import pytest
 
 from mcp_epoch._internal.forward import MAX_MOVES, live_peers, route_for, route_to, successor_of
+from mcp_epoch._internal.guard import SESSION_HEADER, _with_session
 from mcp_epoch._internal.inflight import InFlight
 from mcp_epoch._internal.sessionid import SessionId
 from mcp_epoch._internal.snapshot import EpochRecord, EpochSnapshot
@@ -132,3 +133,15 @@ def test_a_relay_is_in_flight_until_it_ends_even_when_it_fails() -> None:
         assert inflight.delivered == 1  # a relay is not a delivered call of this process
 
     anyio.run(main)
+
+
+def test_the_app_sees_its_own_session_id_whatever_shape_the_headers_come_in() -> None:
+    shown = f"{A}_0123456789abcdef".encode()
+    tuples = [(b"host", b"h"), (SESSION_HEADER, shown), (b"accept", b"*/*")]
+    rewritten = _with_session(tuples, shown, "0123456789abcdef")
+    assert rewritten[1] == (SESSION_HEADER, b"0123456789abcdef")
+    assert rewritten[::2] == [(b"host", b"h"), (b"accept", b"*/*")]
+    assert tuples[1] == (SESSION_HEADER, shown)  # the server's own list is left as it was
+    # A server that gives header fields as lists (allowed by ASGI) is matched by name.
+    lists = [[b"host", b"h"], [SESSION_HEADER, shown]]
+    assert _with_session(lists, shown, "abc") == [[b"host", b"h"], (SESSION_HEADER, b"abc")]
