@@ -4,27 +4,30 @@
                           [--processes 2]
 
 One ``MCPServer`` (``bench/guard_server.py``) with a tool that sends ``--steps`` progress
-notifications and answers, served three ways (``--processes`` identical processes each, each
-mcp-epoch one a pod of its own, all on the same uvicorn settings): with mcp-epoch (store,
-guard, live view of a real epoch service), with a no-op event store (the SDK's own
-resumability path alone) and with no event store. The Go load generator times each call until
-its whole SSE answer is read: throughput with ``--clients`` calls in flight on one session,
-latency with one call at a time (no queueing). Each server is one Python process (one core)
-and the Go client costs a fraction of the other core, so the server is the bottleneck.
+notifications and answers, served three ways, on the same uvicorn settings: with mcp-epoch
+(store, guard, live view of a real epoch service), with a no-op event store (the SDK's own
+resumability path alone) and with no event store. Each of ``--processes`` server processes
+serves all three (each process a pod of its own), and the benchmark loads one variant of one
+process at a time: processes of identical code differ by 5-10% in CPU per call for as long
+as they live, so variants in processes of their own were compared partly by the draw of
+their processes (the same code measured 0.92x in one run and 0.98x in the next). The Go load
+generator times each call until its whole SSE answer is read: throughput with ``--clients``
+calls in flight on one session, latency with one call at a time (no queueing). A server is
+one Python process (one core) and the Go client costs a fraction of the other core, so the
+server is the bottleneck.
 
-The three run side by side for the whole benchmark and are loaded one at a time, in short
-slices that alternate in order (a b c, c b a, ...); a round pools ``--slices`` slices of each.
-A ratio is the median over rounds of the ratio within one round: on a shared two-core VM the
-machine's speed drifts by more than the gap being measured (whole runs of one server after
-another differed by 20% or more), and interleaved slices a fraction of a second long see the
-same machine. Rounds of one 2 s slice per server spread 0.79-1.12x; six pooled 0.4 s slices
-put two identical servers within a standard deviation of 0.03 per round, and ten within about
-0.02, which the verdict's three-rounds-in-four rule needs to judge a gap of one or two percent.
-A round's slices of one variant go to its processes in turn (see :class:`Variant`): processes
-of the same code differ by a few percent, and one process per variant made each run's verdict
-a draw of whichever process it started. Each variant's CPU per call is shown too. Targets:
-throughput >= 0.95x the no-op store (our own cost) and >= 0.90x no store; p99 at most 1 ms
-above the no-op store.
+The variants are loaded in short slices that alternate in order (a b c, c b a, ...); a round
+pools ``--slices`` slices of each. A ratio is the median over rounds of the ratio within one
+round: on a shared two-core VM the machine's speed drifts by more than the gap being measured
+(whole runs of one server after another differed by 20% or more), and interleaved slices a
+fraction of a second long see the same machine. Rounds of one 2 s slice per server spread
+0.79-1.12x; six pooled 0.4 s slices put two identical servers within a standard deviation of
+0.03 per round, and ten within about 0.02, which the verdict's three-rounds-in-four rule needs
+to judge a gap of one or two percent. A slice's three variants are served by the
+same process, and the slices of a round go to the processes in turn. Each variant's CPU per
+call is shown too (the process's CPU over the slice: the idle variants beside it cost the same
+to each). Targets: throughput >= 0.95x the no-op store (our own cost) and >= 0.90x no store;
+p99 at most 1 ms above the no-op store.
 """
 
 from __future__ import annotations
@@ -34,14 +37,15 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from bench.guard_server import VARIANTS
 from bench.loadgen import Load, run
-from bench.servers import start_server
 from bench.stats import cpu_seconds
 from bench.verdict import Ratio
 from mcp_epoch import api
@@ -49,14 +53,26 @@ from tests.replica.conftest import RawSession, parse_sse
 from tests.support.epochsvc_proc import EpochServiceProcess
 
 NS, SERVER = "bench", "guard"
-STORES = ("none", "noop", "epoch")
+STORES = VARIANTS
 MIN_VS_NOOP, MIN_VS_NONE, MAX_ADDED_P99_MS = 0.95, 0.90, 1.0
 
 
-def _start(store: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+def _start(env: dict[str, str]) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """A server process serving the three variants; returns it and each variant's URL."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("MCP_")}
-    proc, port = start_server("bench.guard_server", f"--store={store}", env={**full, **env})
-    return proc, f"http://127.0.0.1:{port}/mcp"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.guard_server"],
+        env={**full, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"bench.guard_server exited with {proc.wait(5)} before it listened")
+    ports = json.loads(line)["ports"]
+    return proc, {v: f"http://127.0.0.1:{ports[v]}/mcp" for v in STORES}
 
 
 def _call_body(steps: int) -> str:
@@ -100,11 +116,9 @@ class Served:
 
 @dataclass
 class Variant:
-    """One of the three ways of serving, as several identical processes, and what they
-    measured. Processes of the same code differ by a few percent in CPU per call (three
-    mcp-epoch processes in one run: 2.35, 2.42 and 2.50 ms), as much as the gap being
-    judged; a round's slices go to each process in turn, so a round measures the variant,
-    not the one process a run happened to start."""
+    """One of the three ways of serving, in each server process, and what it measured. A
+    slice goes to ``procs[k % len(procs)]`` for every variant alike: the three variants of a
+    slice are served by the same process."""
 
     procs: list[Served]
     busy: list[Load] = field(default_factory=list)  # one per round, its slices pooled
@@ -153,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.slices, args.alone = 4, 4, 0.5
     work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
-    servers: dict[str, Variant] = {}
+    servers = {store: Variant([]) for store in STORES}
+    procs: list[subprocess.Popen[str]] = []
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
 
         def pod_env(n: int) -> dict[str, str]:
@@ -163,11 +178,11 @@ def main(argv: list[str] | None = None) -> int:
             return {**svc.replica_env(epoch, NS, SERVER), "MCP_POD_NAME": f"guard-{n}"}
 
         try:
-            for store in STORES:
-                servers[store] = Variant([])
-                for n in range(max(1, args.processes)):
-                    proc, url = _start(store, pod_env(n) if store == "epoch" else {})
-                    served = Served(proc, url, _session_headers(url, args.steps))
+            for n in range(max(1, args.processes)):
+                proc, urls = _start(pod_env(n))
+                procs.append(proc)
+                for store in STORES:
+                    served = Served(proc, urls[store], _session_headers(urls[store], args.steps))
                     servers[store].procs.append(served)
                     served.load(args.clients, 1.0, args.steps)  # warm-up
             for rnd in range(args.rounds):
@@ -186,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         finally:
-            for variant in servers.values():
-                for served in variant.procs:
-                    served.proc.terminate()
-                    served.proc.wait(10)
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(10)
     return _report(servers, args)
 
 
@@ -207,7 +222,7 @@ def _report(servers: dict[str, Variant], args: argparse.Namespace) -> int:
     print(
         f"tool calls with {args.steps} progress events, {args.rounds} rounds of {args.slices} "
         f"{args.seconds:g} s slices each, the three servers side by side ({args.processes} "
-        "processes each, in turn): throughput with "
+        "processes, each serving all three, in turn): throughput with "
         f"{args.clients} in flight, latency one call at a time (Go client; the server is the "
         "bottleneck)"
     )

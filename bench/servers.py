@@ -1,8 +1,8 @@
 """A benchmark's own server process: started on a free port, ready once it has printed its line.
 
-The benchmark servers here (``bench.guard_server``, ``bench.longpoll_floor``) print one JSON
-line once they listen (:func:`run_announcing`), so waiting for that line is the readiness check,
-with no polling.
+The benchmark servers here (``bench.longpoll_floor``; ``bench.guard_server`` too, which picks
+its own ports) print one JSON line once they listen (:func:`run_announcing`), so waiting for
+that line is the readiness check, with no polling.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 
 import uvicorn
 
-from mcp_epoch._internal.serve import freeze_startup_objects
 from tests.support.ports import free_port
 
 
@@ -36,19 +35,12 @@ def start_server(
     return proc, port
 
 
-def run_announcing(
-    server: uvicorn.Server, announce: Callable[[], None], *, as_mcp_epoch_serves: bool = False
-) -> None:
-    """Run ``server``, calling ``announce`` (which prints the line) once it listens.
-    ``as_mcp_epoch_serves``: treat the process as ``mcp_epoch.serve`` does its own (the startup
-    objects frozen for the collector), so that a comparison with it measures mcp-epoch's work,
-    not a difference in garbage collection."""
+def run_announcing(server: uvicorn.Server, announce: Callable[[], None]) -> None:
+    """Run ``server``, calling ``announce`` (which prints the line) once it listens."""
     original = server.startup
 
     async def startup(sockets: Any = None) -> None:
         await original(sockets)
-        if as_mcp_epoch_serves:
-            freeze_startup_objects()
         announce()
 
     server.startup = startup  # type: ignore[method-assign]

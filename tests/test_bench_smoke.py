@@ -23,3 +23,28 @@ def test_the_replica_benchmark_runs_to_its_figures() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     for line in ("store_event", "replay of 3000 missed events", "resident memory"):
         assert line in out.stdout, out.stdout
+
+
+def test_the_guard_benchmark_server_serves_its_three_variants_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """One ``bench.guard_server`` process serves mcp-epoch (on a real epoch service), the
+    no-op store and no store, each streaming a tool call's progress and answer, and all three
+    stop on one SIGTERM (each uvicorn server would otherwise take the signal for itself)."""
+    from bench.guard_bench import NS, SERVER, STORES, _session_headers, _start
+    from mcp_epoch import api
+    from tests.support.epochsvc_proc import EpochServiceProcess
+
+    with EpochServiceProcess(f"sqlite:///{tmp_path}/ledger.db", tmp_path / "svc.log") as svc:
+        epoch = svc.issue(NS, SERVER, "req-smoke")
+        svc.send(api.bind(epoch, "guard-smoke", "uid-guard-smoke"))
+        proc, urls = _start({**svc.replica_env(epoch, NS, SERVER), "MCP_POD_NAME": "guard-smoke"})
+        try:
+            assert set(urls) == set(STORES)
+            shown = {store: _session_headers(urls[store], 3)["mcp-session-id"] for store in STORES}
+            # Only the mcp-epoch variant shows its clients a session ID naming its epoch.
+            assert shown["epoch"].startswith(f"{epoch}."), shown
+            assert not shown["noop"].startswith(f"{epoch}."), shown
+        finally:
+            proc.terminate()
+            assert proc.wait(30) == 0
