@@ -37,7 +37,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ import httpx
 
 from bench.guard_server import VARIANTS
 from bench.loadgen import Load, run
+from bench.servers import start_announcing
 from bench.stats import cpu_seconds
 from bench.verdict import Ratio
 from mcp_epoch import api
@@ -60,18 +60,8 @@ MIN_VS_NOOP, MIN_VS_NONE, MAX_ADDED_P99_MS = 0.95, 0.90, 1.0
 def _start(env: dict[str, str]) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """A server process serving the three variants; returns it and each variant's URL."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("MCP_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.guard_server"],
-        env={**full, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        raise RuntimeError(f"bench.guard_server exited with {proc.wait(5)} before it listened")
-    ports = json.loads(line)["ports"]
+    proc, announced = start_announcing("bench.guard_server", env={**full, **env})
+    ports = announced["ports"]
     return proc, {v: f"http://127.0.0.1:{ports[v]}/mcp" for v in STORES}
 
 

@@ -7,6 +7,7 @@ that line is the readiness check, with no polling.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,17 +23,28 @@ def start_server(
 ) -> tuple[subprocess.Popen[str], int]:
     """``python -m module --port=P *args``, once it listens; returns the process and P."""
     port = free_port()
+    proc, _ = start_announcing(module, f"--port={port}", *args, env=env)
+    return proc, port
+
+
+def start_announcing(
+    module: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """``python -m module *args``, once it listens; returns the process and the JSON line it
+    printed then."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", module, f"--port={port}", *args],
+        [sys.executable, "-m", module, *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
     assert proc.stdout is not None
-    if not proc.stdout.readline():
+    line = proc.stdout.readline()
+    if not line:
         raise RuntimeError(f"{module} exited with {proc.wait(5)} before it listened")
-    return proc, port
+    announced: dict[str, Any] = json.loads(line)
+    return proc, announced
 
 
 def run_announcing(server: uvicorn.Server, announce: Callable[[], None]) -> None:
