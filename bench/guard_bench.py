@@ -8,8 +8,8 @@ notifications and answers, served three ways, on the same uvicorn settings: with
 (store, guard, live view of a real epoch service), with a no-op event store (the SDK's own
 resumability path alone) and with no event store. Each of ``--processes`` server processes
 serves all three (each process a pod of its own), and the benchmark loads one variant of one
-process at a time: processes of identical code differ by 5-10% in CPU per call for as long
-as they live, so variants in processes of their own were compared partly by the draw of
+process at a time: processes of identical code differ by up to 10% in CPU per call for as
+long as they live, so variants in processes of their own were compared partly by the draw of
 their processes (the same code measured 0.92x in one run and 0.98x in the next). The Go load
 generator times each call until its whole SSE answer is read: throughput with ``--clients``
 calls in flight on one session, latency with one call at a time (no queueing). A server is

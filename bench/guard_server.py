@@ -12,10 +12,11 @@ loop:
   path (an event ID per message, a priming event per stream) and nothing of ours;
 * ``none``: the SDK's own app with no event store.
 
-One process for the three, not one each: processes of identical code differ by 5-10% in CPU
-per call for as long as they live (four no-op processes in one run: 1.99 to 2.23 ms a call,
-each the same in both halves of the run), as much as the gap being judged, so a ratio
-between processes was partly a draw of the processes a run started. Here the three share the
+One process for the three, not one each: processes of identical code differ by up to 10% in
+CPU per call for as long as they live (four no-op processes in one run: 2.08 to 2.21 ms a
+call; two in another: 2.16 and 2.31 ms in its first half, 2.12 and 2.28 ms in its second), as
+much as the gap being judged, so a ratio between processes was partly a draw of the processes
+a run started. Here the three share the
 process's memory, collector and event loop, and the benchmark loads one at a time. Once all
 three listen, everything alive is frozen for the collector (as ``mcp_epoch.serve`` does for
 its own process) and the process prints one JSON line: ``{"ports": {"epoch": P, ...}}``.
