@@ -16,10 +16,10 @@ One process for the three, not one each: processes of identical code differ by u
 CPU per call for as long as they live (four no-op processes in one run: 2.08 to 2.21 ms a
 call; two in another: 2.16 and 2.31 ms in its first half, 2.12 and 2.28 ms in its second), as
 much as the gap being judged, so a ratio between processes was partly a draw of the processes
-a run started. Here the three share the
-process's memory, collector and event loop, and the benchmark loads one at a time. Once all
-three listen, everything alive is frozen for the collector (as ``mcp_epoch.serve`` does for
-its own process) and the process prints one JSON line: ``{"ports": {"epoch": P, ...}}``.
+a run started. Here the three share the process's memory, collector and event loop, and the
+benchmark loads one at a time. Once all three listen, everything alive is frozen for the
+collector (as ``mcp_epoch.serve`` does for its own process) and the process prints one JSON
+line: ``{"ports": {"epoch": P, ...}}``.
 """
 
 from __future__ import annotations
@@ -56,12 +56,14 @@ OPTIONS: dict[str, Any] = {
 
 
 def make_server() -> MCPServer:
-    """An SDK server with one tool: ``steps`` progress notifications, then the answer (no
-    sleeping: the server is the cost)."""
+    """An SDK server with the benchmark's one tool (each variant has its own: an
+    ``MCPServer`` keeps the session manager of the last app it built)."""
     server = MCPServer("guard-bench")
 
     @server.tool()
     async def work(steps: int, ctx: Context = None) -> str:  # type: ignore[assignment]
+        """``steps`` progress notifications, then the answer: no sleeping, the server is the
+        cost."""
         for i in range(1, steps + 1):
             await ctx.report_progress(i, steps)
         return f"done {steps}"
