@@ -53,7 +53,6 @@ from tests.replica.conftest import RawSession, parse_sse
 from tests.support.epochsvc_proc import EpochServiceProcess
 
 NS, SERVER = "bench", "guard"
-STORES = VARIANTS
 MIN_VS_NOOP, MIN_VS_NONE, MAX_ADDED_P99_MS = 0.95, 0.90, 1.0
 
 
@@ -62,7 +61,15 @@ def _start(env: dict[str, str]) -> tuple[subprocess.Popen[str], dict[str, str]]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("MCP_")}
     proc, announced = start_announcing("bench.guard_server", env={**full, **env})
     ports = announced["ports"]
-    return proc, {v: f"http://127.0.0.1:{ports[v]}/mcp" for v in STORES}
+    return proc, {v: f"http://127.0.0.1:{ports[v]}/mcp" for v in VARIANTS}
+
+
+def pod_env(svc: EpochServiceProcess, n: int) -> dict[str, str]:
+    """The environment of pod ``guard-<n>``, bound to an epoch of its own on ``svc`` (each
+    mcp-epoch process is a pod of its own)."""
+    epoch = svc.issue(NS, SERVER, f"req-guard-{n}")
+    svc.send(api.bind(epoch, f"guard-{n}", f"uid-guard-{n}"))
+    return {**svc.replica_env(epoch, NS, SERVER), "MCP_POD_NAME": f"guard-{n}"}
 
 
 def _call_body(steps: int) -> str:
@@ -157,27 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.slices, args.alone = 4, 4, 0.5
     work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
-    servers = {store: Variant([]) for store in STORES}
+    servers = {store: Variant([]) for store in VARIANTS}
     procs: list[subprocess.Popen[str]] = []
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
-
-        def pod_env(n: int) -> dict[str, str]:
-            """The environment of a pod of its own (each mcp-epoch process is one pod)."""
-            epoch = svc.issue(NS, SERVER, f"req-guard-{n}")
-            svc.send(api.bind(epoch, f"guard-{n}", f"uid-guard-{n}"))
-            return {**svc.replica_env(epoch, NS, SERVER), "MCP_POD_NAME": f"guard-{n}"}
-
         try:
             for n in range(max(1, args.processes)):
-                proc, urls = _start(pod_env(n))
+                proc, urls = _start(pod_env(svc, n))
                 procs.append(proc)
-                for store in STORES:
+                for store in VARIANTS:
                     served = Served(proc, urls[store], _session_headers(urls[store], args.steps))
                     servers[store].procs.append(served)
                     served.load(args.clients, 1.0, args.steps)  # warm-up
             for rnd in range(args.rounds):
                 for k in range(args.slices):
-                    order = STORES if k % 2 == 0 else tuple(reversed(STORES))
+                    order = VARIANTS if k % 2 == 0 else tuple(reversed(VARIANTS))
                     for store in order:
                         servers[store].slice(rnd + k, args.clients, args.seconds, args.steps)
                 for store in order:
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                     servers[store].alone.append(served.load(1, args.alone, args.steps))
                 print(
                     f"  round {rnd + 1:2}: "
-                    + "  ".join(f"{s} {servers[s].busy[-1].per_sec:6.1f}" for s in STORES)
+                    + "  ".join(f"{s} {servers[s].busy[-1].per_sec:6.1f}" for s in VARIANTS)
                     + " calls/s",
                     flush=True,
                 )
@@ -205,8 +205,8 @@ def _report(servers: dict[str, Variant], args: argparse.Namespace) -> int:
         mine, theirs = servers[store].busy, servers[base].busy
         return statistics.median(a.per_sec / b.per_sec for a, b in zip(mine, theirs, strict=True))
 
-    p99 = {s: statistics.median(a.p99_ms for a in servers[s].alone) for s in STORES}
-    p50 = {s: statistics.median(a.p50_ms for a in servers[s].alone) for s in STORES}
+    p99 = {s: statistics.median(a.p99_ms for a in servers[s].alone) for s in VARIANTS}
+    p50 = {s: statistics.median(a.p50_ms for a in servers[s].alone) for s in VARIANTS}
     vs_none = paired("epoch", "none")
     added = p99["epoch"] - p99["noop"]
     print(

@@ -1,8 +1,8 @@
 """A benchmark's own server process: started on a free port, ready once it has printed its line.
 
-The benchmark servers here (``bench.longpoll_floor``; ``bench.guard_server`` too, which picks
-its own ports) print one JSON line once they listen (:func:`run_announcing`), so waiting for
-that line is the readiness check, with no polling.
+The benchmark servers here print one JSON line once they listen (``bench.longpoll_floor``
+through :func:`run_announcing`; ``bench.guard_server``, which picks its own ports, prints its
+own), so waiting for that line is the readiness check, with no polling.
 """
 
 from __future__ import annotations

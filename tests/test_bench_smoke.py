@@ -31,17 +31,18 @@ def test_the_guard_benchmark_server_serves_its_three_variants_and_stops_on_sigte
     """One ``bench.guard_server`` process serves mcp-epoch (on a real epoch service), the
     no-op store and no store, each streaming a tool call's progress and answer, and all three
     stop on one SIGTERM (each uvicorn server would otherwise take the signal for itself)."""
-    from bench.guard_bench import NS, SERVER, STORES, _session_headers, _start
-    from mcp_epoch import api
+    from bench.guard_bench import _session_headers, _start, pod_env
+    from bench.guard_server import VARIANTS
+    from mcp_epoch.contract import ENV_EPOCH
     from tests.support.epochsvc_proc import EpochServiceProcess
 
     with EpochServiceProcess(f"sqlite:///{tmp_path}/ledger.db", tmp_path / "svc.log") as svc:
-        epoch = svc.issue(NS, SERVER, "req-smoke")
-        svc.send(api.bind(epoch, "guard-smoke", "uid-guard-smoke"))
-        proc, urls = _start({**svc.replica_env(epoch, NS, SERVER), "MCP_POD_NAME": "guard-smoke"})
+        env = pod_env(svc, 0)
+        epoch = env[ENV_EPOCH]  # the pod epoch: its processes are <epoch>.<incarnation>
+        proc, urls = _start(env)
         try:
-            assert set(urls) == set(STORES)
-            shown = {store: _session_headers(urls[store], 3)["mcp-session-id"] for store in STORES}
+            assert set(urls) == set(VARIANTS)
+            shown = {v: _session_headers(urls[v], 3)["mcp-session-id"] for v in VARIANTS}
             # Only the mcp-epoch variant shows its clients a session ID naming its epoch.
             assert shown["epoch"].startswith(f"{epoch}."), shown
             assert not shown["noop"].startswith(f"{epoch}."), shown

@@ -35,6 +35,7 @@ CallKey = tuple[SessionTag | None, str]
 SESSION_HEADER: Final = b"mcp-session-id"
 _SERVED_BY: Final = SERVED_BY_HEADER.encode()
 _CALL_STREAM: Final = (CALL_STREAM_HEADER.encode(), b"1")
+_JSON: Final = b"application/json"
 
 
 class Guarding(Protocol):
@@ -190,7 +191,7 @@ class Answer:
         is_json = False
         for header in start.get("headers", ()):
             key, value = header
-            name = bytes(key).lower()
+            name = key.lower()  # bytes, or a bytearray, which compares equal to bytes
             if name == SESSION_HEADER:
                 shown = None if self._fresh or tag is None else tag.public_id
                 if not shown:
@@ -200,6 +201,8 @@ class Answer:
                         self._guard.sessions.bind(local, tag, shown)
                 header = (key, shown.encode("latin-1"))
             elif name == b"content-type":
-                is_json = bytes(value).startswith(b"application/json")
+                # A slice, not ``startswith``: Python 3.11 parses that method's arguments
+                # through a format string on every call.
+                is_json = value[: len(_JSON)] == _JSON
             out.append(header)
         return out, is_json

@@ -557,9 +557,12 @@ def _with_session(
     code per header (fields a server gave in another shape are rewritten one by one)."""
     value = local.encode("latin-1")
     out = list(headers)
-    if shown is not None and (SESSION_HEADER, shown) in out:
-        out[out.index((SESSION_HEADER, shown))] = (SESSION_HEADER, value)
-        return out
+    if shown is not None:
+        try:
+            out[out.index((SESSION_HEADER, shown))] = (SESSION_HEADER, value)
+            return out
+        except ValueError:
+            pass
     return [h if h[0] != SESSION_HEADER else (h[0], value) for h in out]
 
 

@@ -44,6 +44,9 @@ class PostBody(NamedTuple):
 
 
 _last: PostBody | None = None
+#: The methods whose params :func:`read_post` reads; every other single message is read from
+#: its ``method`` and ``id`` alone.
+_READS_PARAMS: Final = frozenset({"notifications/cancelled", "logging/setLevel", "initialize"})
 
 
 def read_post(body: bytes) -> PostBody:
@@ -57,7 +60,8 @@ def read_post(body: bytes) -> PostBody:
 
 
 def _id(value: Any) -> str | int | None:
-    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+    # The parser gives exact types: ``type`` is enough, and it leaves out ``bool``.
+    return value if type(value) is int or type(value) is str else None
 
 
 def _read(body: bytes) -> PostBody:
@@ -68,6 +72,16 @@ def _read(body: bytes) -> PostBody:
         parsed: Any = from_json(body)
     except ValueError:
         return PostBody(body, {})
+    if type(parsed) is dict:
+        method = parsed.get("method")
+        if type(method) is str and method not in _READS_PARAMS:
+            # One message whose params say nothing here (a call, a notification): what
+            # the loop below reads of it, in the fewest steps (every tool call is one).
+            rid = _id(parsed.get("id"))
+            if rid is None:
+                return tuple.__new__(PostBody, (body, {}, (), False, None, None, None))
+            work = method in WORK_METHODS
+            return tuple.__new__(PostBody, (body, {str(rid): rid}, (), work, None, rid, None))
     calls: dict[str, str | int] = {}
     cancelled: list[str] = []
     work = False

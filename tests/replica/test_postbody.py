@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from mcp_epoch._internal.postbody import read_post
 
 
@@ -65,3 +68,49 @@ def test_a_body_equal_to_the_last_reads_the_same_and_another_anew() -> None:
     other = read_post(body({"jsonrpc": "2.0", "id": 2, "method": "ping"}))
     assert other.calls == {"2": 2}
     assert read_post(first).calls == {"1": 1}
+
+
+@given(
+    st.fixed_dictionaries(
+        {"jsonrpc": st.just("2.0")},
+        optional={
+            "id": st.one_of(st.integers(), st.text(max_size=4), st.booleans(), st.none()),
+            "method": st.one_of(
+                st.sampled_from(
+                    [
+                        "tools/call",
+                        "tools/list",
+                        "ping",
+                        "notifications/cancelled",
+                        "notifications/initialized",
+                        "logging/setLevel",
+                        "initialize",
+                    ]
+                ),
+                st.integers(),
+            ),
+            "params": st.one_of(
+                st.none(),
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "requestId": st.one_of(st.integers(), st.text(max_size=4)),
+                        "level": st.text(max_size=40),
+                        "protocolVersion": st.one_of(st.text(max_size=12), st.integers()),
+                    },
+                ),
+            ),
+            "result": st.just({}),
+        },
+    )
+)
+def test_a_single_message_reads_as_it_does_in_a_batch_of_one(message: dict[str, object]) -> None:
+    # A single message has a shorter path than a batch: both must read it the same.
+    single, batch = read_post(body(message)), read_post(body([message]))
+    assert single[1:5] == batch[1:5] and single.asked_version == batch.asked_version
+    has_method = "method" in message
+    assert single.single_id == (single_id(message.get("id")) if has_method else None)
+
+
+def single_id(value: object) -> object:
+    return value if type(value) in (int, str) else None
