@@ -164,26 +164,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.slices, args.alone = 4, 4, 0.5
     work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
-    servers = {store: Variant([]) for store in VARIANTS}
+    servers = {variant: Variant([]) for variant in VARIANTS}
     procs: list[subprocess.Popen[str]] = []
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
         try:
             for n in range(max(1, args.processes)):
                 proc, urls = _start(pod_env(svc, n))
                 procs.append(proc)
-                for store in VARIANTS:
-                    served = Served(proc, urls[store], _session_headers(urls[store], args.steps))
-                    servers[store].procs.append(served)
+                for variant in VARIANTS:
+                    served = Served(
+                        proc, urls[variant], _session_headers(urls[variant], args.steps)
+                    )
+                    servers[variant].procs.append(served)
                     served.load(args.clients, 1.0, args.steps)  # warm-up
             for rnd in range(args.rounds):
                 for k in range(args.slices):
                     order = VARIANTS if k % 2 == 0 else tuple(reversed(VARIANTS))
-                    for store in order:
-                        servers[store].slice(rnd + k, args.clients, args.seconds, args.steps)
-                for store in order:
-                    servers[store].end_round()
-                    served = servers[store].procs[rnd % len(servers[store].procs)]
-                    servers[store].alone.append(served.load(1, args.alone, args.steps))
+                    for variant in order:
+                        servers[variant].slice(rnd + k, args.clients, args.seconds, args.steps)
+                for variant in order:
+                    servers[variant].end_round()
+                    served = servers[variant].procs[rnd % len(servers[variant].procs)]
+                    servers[variant].alone.append(served.load(1, args.alone, args.steps))
                 print(
                     f"  round {rnd + 1:2}: "
                     + "  ".join(f"{s} {servers[s].busy[-1].per_sec:6.1f}" for s in VARIANTS)
@@ -199,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(servers: dict[str, Variant], args: argparse.Namespace) -> int:
-    def paired(store: str, base: str) -> float:
+    def paired(variant: str, base: str) -> float:
         """Median over rounds of the ratio within each round: both slices of a round ran
         back to back, so a machine that speeds up or slows down moves both."""
-        mine, theirs = servers[store].busy, servers[base].busy
+        mine, theirs = servers[variant].busy, servers[base].busy
         return statistics.median(a.per_sec / b.per_sec for a, b in zip(mine, theirs, strict=True))
 
     p99 = {s: statistics.median(a.p99_ms for a in servers[s].alone) for s in VARIANTS}
@@ -217,12 +219,12 @@ def _report(servers: dict[str, Variant], args: argparse.Namespace) -> int:
         "bottleneck)"
     )
     names = (("no event store", "none"), ("no-op event store", "noop"), ("mcp-epoch", "epoch"))
-    for name, store in names:
-        busy = statistics.median(b.per_sec for b in servers[store].busy)
-        cpu = statistics.median(servers[store].cpu_ms)
+    for name, variant in names:
+        busy = statistics.median(b.per_sec for b in servers[variant].busy)
+        cpu = statistics.median(servers[variant].cpu_ms)
         print(
             f"  {name:18} {busy:8.1f} calls/s  CPU {cpu:5.2f} ms per call  "
-            f"p50 {p50[store]:6.2f} ms  p99 {p99[store]:6.2f} ms"
+            f"p50 {p50[variant]:6.2f} ms  p99 {p99[variant]:6.2f} ms"
         )
     ok = vs_none >= MIN_VS_NONE and added <= MAX_ADDED_P99_MS
     print(
@@ -234,6 +236,6 @@ def _report(servers: dict[str, Variant], args: argparse.Namespace) -> int:
     ratio = Ratio("guard + store calls/s", "the no-op store's", rounds, MIN_VS_NOOP, False)
     print(ratio.line())
     failed = [(s, x) for s, v in servers.items() for x in (*v.busy, *v.alone) if x.errors]
-    for store, load in failed[:3]:
-        print(f"  {store}: {load.errors} errors, the first: {load.first_error}")
+    for variant, load in failed[:3]:
+        print(f"  {variant}: {load.errors} errors, the first: {load.first_error}")
     return 1 if failed or ratio.verdict == "MISSED" else 0
