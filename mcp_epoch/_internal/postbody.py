@@ -44,9 +44,12 @@ class PostBody(NamedTuple):
 
 
 _last: PostBody | None = None
+_CANCELLED: Final = "notifications/cancelled"
+_SET_LEVEL: Final = "logging/setLevel"
+_INITIALIZE: Final = "initialize"
 #: The methods whose params :func:`read_post` reads; every other single message is read from
 #: its ``method`` and ``id`` alone.
-_READS_PARAMS: Final = frozenset({"notifications/cancelled", "logging/setLevel", "initialize"})
+_READS_PARAMS: Final = frozenset({_CANCELLED, _SET_LEVEL, _INITIALIZE})
 
 
 def read_post(body: bytes) -> PostBody:
@@ -95,16 +98,16 @@ def _read(body: bytes) -> PostBody:
         if rid is not None:
             calls[str(rid)] = rid
             work = work or method in WORK_METHODS
-        elif method == "notifications/cancelled" and isinstance(params, dict):
+        elif method == _CANCELLED and isinstance(params, dict):
             named = _id(params.get("requestId"))
             if named is not None:
                 cancelled.append(str(named))
         if not isinstance(params, dict):
             continue
-        if method == "logging/setLevel":
+        if method == _SET_LEVEL:
             value = params.get("level")
             level = value if isinstance(value, str) and len(value) <= 32 else level
-        elif method == "initialize" and isinstance(params.get("protocolVersion"), str):
+        elif method == _INITIALIZE and isinstance(params.get("protocolVersion"), str):
             asked = params["protocolVersion"]
     single = None
     if isinstance(parsed, dict) and "method" in parsed:
