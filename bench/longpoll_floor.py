@@ -10,6 +10,11 @@ as the service does (``epochsvc_longpoll_waiters``), so the same load generator 
 What it takes to wake N waiters here is what the ASGI server, the event loop and the kernel
 take whatever runs above them: the service's wake figures are read against it. It prints one
 JSON line once it listens.
+
+It runs on the service's own process settings (open-file limit, collector thresholds). On
+Python's default thresholds the floor, holding 10,000 connections, ran 20 full collections in
+four rounds, of up to 295 ms each, against the service's two: the floor's wake figures then
+depended on where a pause fell, and flattered the service's ratio by as much as they spread.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import uvicorn
 
 from bench.servers import run_announcing
 from epochsvc.service.longpoll import WAKE_BATCH
-from epochsvc.service.serve import LISTEN_BACKLOG, raise_open_files_limit
+from epochsvc.service.serve import LISTEN_BACKLOG, quiet_collector, raise_open_files_limit
 
 BODY = json.dumps(
     {
@@ -89,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args(argv)
     raise_open_files_limit()
+    quiet_collector()  # the service's thresholds (see above)
     config = uvicorn.Config(
         Floor(),
         host="127.0.0.1",
