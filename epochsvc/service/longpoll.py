@@ -164,7 +164,15 @@ class ChangeNotifier:
         the whole copy). Later waiters wait for the next change."""
         self.changes += 1
         changed = dict.fromkeys(self._events) if servers is None else servers
+        seen = self._seen
         for key, revision in changed.items():
+            if revision is not None and key in seen and revision > seen[key]:
+                # Announced: the catch-up's baseline moves to it. Every waiter held now is
+                # woken here, and a look after this sees at least ``revision`` (the write is
+                # committed before it is notified), so a later unannounced change is still
+                # above the baseline. Left behind, the next pass "found" this change again
+                # and woke every replica that had polled again since, for nothing.
+                seen[key] = revision
             wake = self._events.pop(key, None)
             if wake is not None:
                 wake.disarm()

@@ -217,3 +217,36 @@ def test_a_change_notified_while_a_waiter_registers_anew_is_not_missed() -> None
         assert await asyncio.wait_for(waiter, 5) is not None
 
     asyncio.run(scenario())
+
+
+def test_a_change_already_announced_is_not_announced_again_by_the_catch_up() -> None:
+    """Every woken replica polls again at once, from the revision it was told. The catch-up
+    must take the announced revision as its baseline: were it to keep the one the first
+    waiters saw, its next pass would "find" the announced change again and wake every new
+    waiter for nothing, each reading the store once more (one spurious wake of the whole
+    fleet per change)."""
+
+    async def scenario() -> None:
+        store, notifier = CountingStore(), ChangeNotifier()
+        first = [_waiter(notifier, store, "a") for _ in range(50)]
+        await _yield_to_waiters()
+        assert await notifier.catch_up_once(store) == 0
+        store.revisions[("ns", "a")] = 1
+        notifier.notify_server("ns", "a", 1)
+        await asyncio.wait_for(asyncio.gather(*first), 5)
+        again = [
+            asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 1, 60))  # type: ignore[arg-type]
+            for _ in range(50)
+        ]
+        await _yield_to_waiters()
+        reads = store.reads
+        assert await notifier.catch_up_once(store) == 0
+        await _yield_to_waiters()
+        assert store.reads == reads + 1  # the catch-up's own read, no waiter's
+        assert not any(t.done() for t in again) and notifier.waiters == 50
+        # An unannounced change after the announced one still wakes them.
+        store.revisions[("ns", "a")] = 2
+        assert await notifier.catch_up_once(store) == 1
+        await asyncio.wait_for(asyncio.gather(*again), 5)
+
+    asyncio.run(scenario())
