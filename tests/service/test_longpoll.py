@@ -28,9 +28,9 @@ async def _yield_to_waiters() -> None:
 
 
 def _waiter(
-    notifier: ChangeNotifier, store: CountingStore, server: str
+    notifier: ChangeNotifier, store: CountingStore, server: str, since: int = 0
 ) -> asyncio.Task[int | None]:
-    return asyncio.create_task(notifier.wait_for_change(store, "ns", server, 0, 60))  # type: ignore[arg-type]
+    return asyncio.create_task(notifier.wait_for_change(store, "ns", server, since, 60))  # type: ignore[arg-type]
 
 
 def test_a_change_wakes_only_its_own_servers_waiters() -> None:
@@ -182,10 +182,7 @@ def test_a_notification_that_names_a_newer_revision_spares_every_waiter_a_read()
     async def scenario() -> None:
         store, notifier = CountingStore(), ChangeNotifier()
         store.revisions[("ns", "a")] = 4
-        waiters = [
-            asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 4, 60))  # type: ignore[arg-type]
-            for _ in range(100)
-        ]
+        waiters = [_waiter(notifier, store, "a", since=4) for _ in range(100)]
         await _yield_to_waiters()
         assert store.reads == 100  # each looked once, on arrival
         # A write that changed nothing (its record's revision is the one they have): they
@@ -209,7 +206,7 @@ def test_a_change_notified_while_a_waiter_registers_anew_is_not_missed() -> None
     async def scenario() -> None:
         store, notifier = CountingStore(), ChangeNotifier()
         store.revisions[("ns", "a")] = 4
-        waiter = asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 4, 60))  # type: ignore[arg-type]
+        waiter = _waiter(notifier, store, "a", since=4)
         await _yield_to_waiters()
         notifier.notify_server("ns", "a", 4)  # changed nothing: the waiter is resumed...
         store.revisions[("ns", "a")] = 5
@@ -234,10 +231,7 @@ def test_a_change_already_announced_is_not_announced_again_by_the_catch_up() -> 
         store.revisions[("ns", "a")] = 1
         notifier.notify_server("ns", "a", 1)
         await asyncio.wait_for(asyncio.gather(*first), 5)
-        again = [
-            asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 1, 60))  # type: ignore[arg-type]
-            for _ in range(50)
-        ]
+        again = [_waiter(notifier, store, "a", since=1) for _ in range(50)]
         await _yield_to_waiters()
         reads = store.reads
         assert await notifier.catch_up_once(store) == 0
