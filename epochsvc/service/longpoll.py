@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 
 from epochsvc.service.store.base import EpochStore, StoreUnavailable
 
@@ -69,10 +69,27 @@ async def ring_revisions(
 #: (None: not known); None when its wait ran out.
 Woken = tuple[int, int | None] | None
 
+#: What a held poll answers with, given the number of the notification that woke it and found
+#: its server changed (None: it found the change at once, or its wait ran out). A read begun
+#: after that notification is what the waiters it woke may share.
+Answer = Callable[[int | None], Awaitable[bytes]]
 
-def _resolve(future: asyncio.Future[Woken], woken: Woken = None) -> None:
+
+def _resolve(future: asyncio.Future[Woken | bytes], woken: Woken | bytes = None) -> None:
     if not future.done():
         future.set_result(woken)
+
+
+class _Waiter:
+    """One held poll, as its server's wake sees it: enough to answer it without resuming it
+    first (:meth:`_Wake.fire`)."""
+
+    __slots__ = ("answer", "future", "share", "since")
+
+    def __init__(
+        self, future: asyncio.Future[Woken | bytes], since: int, share: Hashable, answer: Answer
+    ) -> None:
+        self.future, self.since, self.share, self.answer = future, since, share, answer
 
 
 class _Wake:
@@ -83,16 +100,16 @@ class _Wake:
     thousands costs."""
 
     def __init__(self) -> None:
-        self._waiters: dict[asyncio.Future[Woken], None] = {}  # in arrival order
-        self._deadlines: list[tuple[float, int, asyncio.Future[Woken]]] = []  # a heap
+        self._waiters: dict[asyncio.Future[Woken | bytes], _Waiter] = {}  # in arrival order
+        self._deadlines: list[tuple[float, int, asyncio.Future[Woken | bytes]]] = []  # a heap
         self._timer: asyncio.TimerHandle | None = None
 
-    def add(self) -> asyncio.Future[Woken]:
-        future: asyncio.Future[Woken] = asyncio.get_running_loop().create_future()
-        self._waiters[future] = None
+    def add(self, since: int, share: Hashable, answer: Answer) -> asyncio.Future[Woken | bytes]:
+        future: asyncio.Future[Woken | bytes] = asyncio.get_running_loop().create_future()
+        self._waiters[future] = _Waiter(future, since, share, answer)
         return future
 
-    def expire_at(self, future: asyncio.Future[Woken], deadline: float) -> None:
+    def expire_at(self, future: asyncio.Future[Woken | bytes], deadline: float) -> None:
         """Resolve ``future`` with None at ``deadline`` (the loop's clock) unless woken first."""
         heapq.heappush(self._deadlines, (deadline, id(future), future))
         if self._timer is None or deadline < self._timer.when():
@@ -114,22 +131,55 @@ class _Wake:
             self._timer = None
         self._deadlines.clear()
 
-    def discard(self, future: asyncio.Future[Woken]) -> None:
+    def discard(self, future: asyncio.Future[Woken | bytes]) -> None:
         """A waiter left without being woken (its wait ended): forget it. Its deadline, if
         set, stays until it passes, as a no-op (a waiter leaves so only when cancelled)."""
         future.cancel()
         self._waiters.pop(future, None)
 
-    async def fire(self, change: int, revision: int | None) -> None:
-        """Resume every waiter with the number of the change that woke it and the revision."""
-        waiters = list(self._waiters)
+    async def fire(self, change: int, revision: int | None, closed: bool) -> None:
+        """Resume every waiter, in batches of :data:`WAKE_BATCH` per loop turn.
+
+        The waiters this change answers (their server moved past their ``since``, or the
+        service is closing) that share an answer (``share``) are handed it here, made once
+        for all of them after the notification: one read per change serves every waiter of
+        a server, ring loads as much as epoch lists (each ring load read the ring itself, a
+        thousand reads per step for a thousand replicas). Every other waiter resumes with the
+        change's number and revision and decides itself (:meth:`ChangeNotifier.hold`)."""
+        waiters = list(self._waiters.values())
         self._waiters.clear()
         woken: Woken = (change, revision)
-        for start in range(0, len(waiters), WAKE_BATCH):
-            if start:
-                await asyncio.sleep(0)  # one loop turn: let sockets be read
-            for future in waiters[start : start + WAKE_BATCH]:
-                _resolve(future, woken)  # one that left cancelled its own
+        shared: dict[Hashable, list[_Waiter]] = {}
+        decide: list[asyncio.Future[Woken | bytes]] = []
+        for waiter in waiters:
+            if waiter.share is not None and (
+                closed or (revision is not None and revision > waiter.since)
+            ):
+                shared.setdefault(waiter.share, []).append(waiter)
+            else:
+                decide.append(waiter.future)
+        await _in_batches(decide, woken)
+        for group in shared.values():
+            try:
+                body = await group[0].answer(change)
+            except asyncio.CancelledError:
+                await _in_batches([w.future for w in group], woken)  # they read themselves
+                raise
+            except Exception as exc:  # each answers it as its own read's failure would be
+                for waiter in group:
+                    if not waiter.future.done():
+                        waiter.future.set_exception(exc)
+                continue
+            await _in_batches([w.future for w in group], body)
+
+
+async def _in_batches(futures: list[asyncio.Future[Woken | bytes]], result: Woken | bytes) -> None:
+    """Resolve ``futures`` with ``result``, :data:`WAKE_BATCH` per turn of the loop."""
+    for start in range(0, len(futures), WAKE_BATCH):
+        if start:
+            await asyncio.sleep(0)  # one loop turn: let sockets be read
+        for future in futures[start : start + WAKE_BATCH]:
+            _resolve(future, result)  # one that left cancelled its own
 
 
 class ChangeNotifier:
@@ -176,7 +226,9 @@ class ChangeNotifier:
             wake = self._events.pop(key, None)
             if wake is not None:
                 wake.disarm()
-                task = asyncio.get_running_loop().create_task(wake.fire(self.changes, revision))
+                task = asyncio.get_running_loop().create_task(
+                    wake.fire(self.changes, revision, self.closed)
+                )
                 self._firing.add(task)
                 task.add_done_callback(self._firing.discard)
 
@@ -212,19 +264,24 @@ class ChangeNotifier:
             except StoreUnavailable as exc:  # the next pass tries again; readers see the 503
                 log.debug("long-poll catch-up skipped: %s", exc)
 
-    async def wait_for_change(
+    async def hold(
         self,
         store: EpochStore,
         namespace: str,
         server: str,
         since: int,
         wait: float,
-    ) -> int | None:
-        """Return once a change newer than ``since`` exists for the server, or ``wait`` passes.
+        answer: Answer,
+        share: Hashable = None,
+    ) -> bytes:
+        """Answer once a change newer than ``since`` exists for the server, or ``wait`` passes:
+        with ``answer(n)``, ``n`` the number of the notification (:attr:`changes`) that woke
+        it and found the server changed (None: it found the change at once, or its wait ran
+        out).
 
-        Returns the number of the notification (:attr:`changes`) that woke it and found the
-        server changed; None when it found the change at once or its wait ran out. Every
-        waiter that one notification woke may share one read begun after it
+        Waiters of one server with the same ``share`` (not None) have the same answer for the
+        same ``n``: those one notification wakes take one answer, made once by the wake
+        (:meth:`_Wake.fire`), with one read begun after that notification
         (:meth:`RenderedLists.after_change`)."""
         key = (namespace, server)
         loop = asyncio.get_running_loop()
@@ -238,12 +295,12 @@ class ChangeNotifier:
                 wake = self._events.get(key)
                 if wake is None:
                     wake = self._events[key] = _Wake()
-                woken = wake.add()
+                woken = wake.add(since, share, answer)
                 try:
                     newest, ledger = await self._revision_of(store, namespace, server)
                     # since > ledger: the caller's copy came from another (replaced) ledger.
                     if newest > since or since > ledger or self.closed:
-                        return woken_by
+                        break
                     # The catch-up's baseline is what the waiters saw, not its own first
                     # reading: a change made between this look and that reading would
                     # otherwise become the baseline, and never wake anyone.
@@ -255,11 +312,15 @@ class ChangeNotifier:
                     # every one of thousands of waiters would hold.
                     wake.expire_at(woken, deadline)
                     result = await woken
+                    if type(result) is bytes:
+                        return result  # the wake answered it, with the answer it shares
                     if result is None:
-                        return None  # the caller reads the list anyway: no last look needed
+                        woken_by = None  # its wait ran out: the answer is read anyway
+                        break
+                    assert isinstance(result, tuple)
                     woken_by, revision = result
                     if self.closed or (revision is not None and revision > since):
-                        return woken_by
+                        break
                     # Nothing newer than the caller has (a write that changed nothing), or not
                     # known: look again once registered anew (above), since a change notified
                     # before then would find no waiter of this server to wake.
@@ -273,3 +334,4 @@ class ChangeNotifier:
             else:
                 del self._waiting[key]
                 self._events.pop(key, None)
+        return await answer(woken_by)

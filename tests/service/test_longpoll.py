@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from epochsvc.service.longpoll import WAKE_BATCH, ChangeNotifier
+from epochsvc.service.store.base import StoreUnavailable
 
 
 class CountingStore:
@@ -27,10 +28,23 @@ async def _yield_to_waiters() -> None:
         await asyncio.sleep(0)
 
 
+async def _woken_by(woken_by: int | None) -> bytes:
+    """An answer that tells which notification woke its waiter (empty: none did)."""
+    return b"" if woken_by is None else b"%d" % woken_by
+
+
+async def _held(
+    notifier: ChangeNotifier, store: CountingStore, server: str, since: int = 0, wait: float = 60
+) -> int | None:
+    """Hold a poll answered by :func:`_woken_by`, each waiter on its own (no share)."""
+    body = await notifier.hold(store, "ns", server, since, wait, _woken_by)  # type: ignore[arg-type]
+    return int(body) if body else None
+
+
 def _waiter(
     notifier: ChangeNotifier, store: CountingStore, server: str, since: int = 0
 ) -> asyncio.Task[int | None]:
-    return asyncio.create_task(notifier.wait_for_change(store, "ns", server, since, 60))  # type: ignore[arg-type]
+    return asyncio.create_task(_held(notifier, store, server, since))
 
 
 def test_a_change_wakes_only_its_own_servers_waiters() -> None:
@@ -60,7 +74,7 @@ def test_a_waiter_never_polls_until_its_wait_ends() -> None:
     async def scenario() -> int:
         store, notifier = CountingStore(), ChangeNotifier()
         # Its wait ran out: no notification woke it, so it shares no read.
-        assert await notifier.wait_for_change(store, "ns", "a", 0, 0.3) is None  # type: ignore[arg-type]
+        assert await _held(notifier, store, "a", wait=0.3) is None
         return store.reads
 
     assert asyncio.run(scenario()) == 1
@@ -111,8 +125,8 @@ def test_each_waiter_ends_at_its_own_deadline_though_they_share_one_timer() -> N
         store, notifier = CountingStore(), ChangeNotifier()
         loop = asyncio.get_running_loop()
         begun = loop.time()
-        long = asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 0, 30))  # type: ignore[arg-type]
-        short = asyncio.create_task(notifier.wait_for_change(store, "ns", "a", 0, 0.2))  # type: ignore[arg-type]
+        long = asyncio.create_task(_held(notifier, store, "a", wait=30))
+        short = asyncio.create_task(_held(notifier, store, "a", wait=0.2))
         assert await asyncio.wait_for(short, 10) is None  # its wait ran out
         assert loop.time() - begun >= 0.2
         assert not long.done()
@@ -140,7 +154,7 @@ def test_a_change_between_the_read_and_the_wait_is_not_missed() -> None:
 
     async def scenario() -> None:
         store = Racing()
-        await asyncio.wait_for(notifier.wait_for_change(store, "ns", "a", 0, 60), 5)  # type: ignore[arg-type]
+        await asyncio.wait_for(_held(notifier, store, "a"), 5)
         assert store.reads == 2
 
     asyncio.run(scenario())
@@ -153,7 +167,7 @@ def test_close_answers_every_waiter_at_once() -> None:
         await _yield_to_waiters()
         notifier.close()
         await asyncio.wait_for(asyncio.gather(*tasks), 5)
-        await asyncio.wait_for(notifier.wait_for_change(store, "ns", "d", 0, 60), 5)  # type: ignore[arg-type]
+        await asyncio.wait_for(_held(notifier, store, "d"), 5)
 
     asyncio.run(scenario())
 
@@ -242,5 +256,79 @@ def test_a_change_already_announced_is_not_announced_again_by_the_catch_up() -> 
         store.revisions[("ns", "a")] = 2
         assert await notifier.catch_up_once(store) == 1
         await asyncio.wait_for(asyncio.gather(*again), 5)
+
+    asyncio.run(scenario())
+
+
+class _SharedAnswer:
+    """An answer that waiters share: it says the server's revision when it was made, and
+    counts how often it was made (once per change for all of them, not once per waiter)."""
+
+    def __init__(self, store: CountingStore, fail_first: bool = False) -> None:
+        self.store, self.fail_first, self.made = store, fail_first, 0
+
+    async def __call__(self, woken_by: int | None) -> bytes:
+        self.made += 1
+        if self.fail_first and self.made == 1:
+            raise StoreUnavailable("the database is down")
+        return b"revision %d" % self.store.revisions.get(("ns", "a"), 0)
+
+
+def _sharing(
+    notifier: ChangeNotifier, store: CountingStore, answer: _SharedAnswer, since: int = 0
+) -> asyncio.Task[bytes]:
+    return asyncio.create_task(notifier.hold(store, "ns", "a", since, 60, answer, "list"))  # type: ignore[arg-type]
+
+
+def test_the_waiters_a_change_answers_share_one_answer_made_after_it() -> None:
+    """Waiters of one server with the same answer take it made once, by the wake, after the
+    notification (so it shows the change); one this change does not answer (it already has
+    the announced revision) waits on, and one that left early is simply skipped."""
+
+    async def scenario() -> None:
+        store, notifier = CountingStore(), ChangeNotifier()
+        store.revisions[("ns", "b")] = 3  # the ledger is at 3 (another server's change)
+        answer = _SharedAnswer(store)
+        sharing = [_sharing(notifier, store, answer) for _ in range(3 * WAKE_BATCH)]
+        ahead = _sharing(notifier, store, answer, since=3)
+        await _yield_to_waiters()
+        sharing.pop().cancel()  # its request ended while it was held
+        await _yield_to_waiters()
+        assert notifier.waiters == 3 * WAKE_BATCH and answer.made == 0
+        store.revisions[("ns", "a")] = 3
+        notifier.notify_server("ns", "a", 3)
+        bodies = await asyncio.wait_for(asyncio.gather(*sharing), 5)
+        assert set(bodies) == {b"revision 3"} and len(bodies) == 3 * WAKE_BATCH - 1
+        assert answer.made == 1  # one answer for all of them
+        # Each looked once on arrival; since, only the one it did not answer looked again.
+        assert store.reads == 3 * WAKE_BATCH + 1 + 1
+        assert not ahead.done() and notifier.waiters == 1
+        store.revisions[("ns", "a")] = 4
+        notifier.notify_server("ns", "a", 4)
+        assert await asyncio.wait_for(ahead, 5) == b"revision 4" and notifier.waiters == 0
+        assert not notifier._events and not notifier._waiting  # nothing kept for idle servers
+
+    asyncio.run(scenario())
+
+
+def test_a_shared_answer_that_fails_fails_each_of_its_waiters_and_not_the_next_change() -> None:
+    """A store down when the shared answer is made: every waiter it was for gets the error
+    (the API answers each with its 503), and the next change is answered afresh."""
+
+    async def scenario() -> None:
+        store, notifier = CountingStore(), ChangeNotifier()
+        answer = _SharedAnswer(store, fail_first=True)
+        first = [_sharing(notifier, store, answer) for _ in range(10)]
+        await _yield_to_waiters()
+        store.revisions[("ns", "a")] = 1
+        notifier.notify_server("ns", "a", 1)
+        results = await asyncio.wait_for(asyncio.gather(*first, return_exceptions=True), 5)
+        assert all(isinstance(r, StoreUnavailable) for r in results), results
+        again = [_sharing(notifier, store, answer, since=1) for _ in range(10)]
+        await _yield_to_waiters()
+        store.revisions[("ns", "a")] = 2
+        notifier.notify_server("ns", "a", 2)
+        assert await asyncio.wait_for(asyncio.gather(*again), 5) == [b"revision 2"] * 10
+        assert answer.made == 2 and notifier.waiters == 0
 
     asyncio.run(scenario())

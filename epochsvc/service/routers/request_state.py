@@ -4,6 +4,7 @@ revision they hold; the operator reads a ring's rotation and moves it on (keyrin
 from __future__ import annotations
 
 import base64
+import functools
 import time
 
 from fastapi import APIRouter, Depends, Response
@@ -115,11 +116,9 @@ async def load_ring(
     if held is not None:
         assert since is not None  # held_seconds holds only a poll with a since
 
-        async def after_the_wait() -> bytes:
-            await notifier.wait_for_change(store, namespace, server, since, held)
-            return await loaded()
-
-        return HeldResponse(after_the_wait, media_type="application/json")
+        # The ring is one per server: its waiters share one read of it per change.
+        args = (store, namespace, server, since, held, lambda _: loaded(), (namespace, server))
+        return HeldResponse(functools.partial(notifier.hold, *args), media_type="application/json")
     return Response(await loaded(), media_type="application/json")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -66,12 +67,13 @@ async def list_epochs(
     await rules.check_read(caller, namespace, server)
     filters = tuple(state or ())
     key = lists.key(store.ledger_id, namespace, server, filters, caller.is_operator)
-    read = _EpochsRead(store, lists, caller, namespace, server, filters, key)
+    read = _EpochsRead(store, lists, notifier, caller, namespace, server, filters, key)
     held = held_seconds(since, wait, settings)
     if held is not None:
         assert since is not None  # held_seconds holds only a poll with a since
-        after_the_wait = functools.partial(read.after_the_wait, notifier, since, held)
-        return HeldResponse(after_the_wait, media_type="application/json")
+        # Waiters of the same list (its key) share one answer per change.
+        args = (store, namespace, server, since, held, read.answer, key)
+        return HeldResponse(functools.partial(notifier.hold, *args), media_type="application/json")
     return Response(await read.listing(), media_type="application/json")
 
 
@@ -84,6 +86,7 @@ class _EpochsRead:
 
     store: EpochStore
     lists: RenderedLists
+    notifier: ChangeNotifier
     caller: Caller
     namespace: str
     server: str
@@ -104,13 +107,12 @@ class _EpochsRead:
 
         return self.lists.get(self.key, snapshot.revision, render)
 
-    async def after_the_wait(self, notifier: ChangeNotifier, since: int, held: float) -> bytes:
-        woken_by = await notifier.wait_for_change(
-            self.store, self.namespace, self.server, since, held
-        )
+    def answer(self, woken_by: int | None) -> Awaitable[bytes]:
+        """A held poll's answer (:meth:`ChangeNotifier.hold`): once woken by notification
+        ``woken_by``, the read its fellow waiters share; else a read of its own."""
         if woken_by is None:
-            return await self.listing()
-        return await self.lists.after_change(self.key, woken_by, notifier.changes, self.listing)
+            return self.listing()
+        return self.lists.after_change(self.key, woken_by, self.notifier.changes, self.listing)
 
 
 @router.post(
