@@ -68,6 +68,8 @@ async def ring_revisions(
 #: What wakes a waiter: the notification's number and the server's revision it announced
 #: (None: not known); None when its wait ran out.
 Woken = tuple[int, int | None] | None
+#: What a waiter's future resolves with: what woke it, or its answer, made by the wake.
+Outcome = Woken | bytes
 
 #: What a held poll answers with, given the number of the notification that woke it and found
 #: its server changed (None: it found the change at once, or its wait ran out). A read begun
@@ -75,7 +77,7 @@ Woken = tuple[int, int | None] | None
 Answer = Callable[[int | None], Awaitable[bytes]]
 
 
-def _resolve(future: asyncio.Future[Woken | bytes], woken: Woken | bytes = None) -> None:
+def _resolve(future: asyncio.Future[Outcome], woken: Outcome = None) -> None:
     if not future.done():
         future.set_result(woken)
 
@@ -87,7 +89,7 @@ class _Waiter:
     __slots__ = ("answer", "future", "share", "since")
 
     def __init__(
-        self, future: asyncio.Future[Woken | bytes], since: int, share: Hashable, answer: Answer
+        self, future: asyncio.Future[Outcome], since: int, share: Hashable, answer: Answer
     ) -> None:
         self.future, self.since, self.share, self.answer = future, since, share, answer
 
@@ -100,16 +102,16 @@ class _Wake:
     thousands costs."""
 
     def __init__(self) -> None:
-        self._waiters: dict[asyncio.Future[Woken | bytes], _Waiter] = {}  # in arrival order
-        self._deadlines: list[tuple[float, int, asyncio.Future[Woken | bytes]]] = []  # a heap
+        self._waiters: dict[asyncio.Future[Outcome], _Waiter] = {}  # in arrival order
+        self._deadlines: list[tuple[float, int, asyncio.Future[Outcome]]] = []  # a heap
         self._timer: asyncio.TimerHandle | None = None
 
-    def add(self, since: int, share: Hashable, answer: Answer) -> asyncio.Future[Woken | bytes]:
-        future: asyncio.Future[Woken | bytes] = asyncio.get_running_loop().create_future()
+    def add(self, since: int, share: Hashable, answer: Answer) -> asyncio.Future[Outcome]:
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._waiters[future] = _Waiter(future, since, share, answer)
         return future
 
-    def expire_at(self, future: asyncio.Future[Woken | bytes], deadline: float) -> None:
+    def expire_at(self, future: asyncio.Future[Outcome], deadline: float) -> None:
         """Resolve ``future`` with None at ``deadline`` (the loop's clock) unless woken first."""
         heapq.heappush(self._deadlines, (deadline, id(future), future))
         if self._timer is None or deadline < self._timer.when():
@@ -131,7 +133,7 @@ class _Wake:
             self._timer = None
         self._deadlines.clear()
 
-    def discard(self, future: asyncio.Future[Woken | bytes]) -> None:
+    def discard(self, future: asyncio.Future[Outcome]) -> None:
         """A waiter left without being woken (its wait ended): forget it. Its deadline, if
         set, stays until it passes, as a no-op (a waiter leaves so only when cancelled)."""
         future.cancel()
@@ -150,7 +152,7 @@ class _Wake:
         self._waiters.clear()
         woken: Woken = (change, revision)
         shared: dict[Hashable, list[_Waiter]] = {}
-        decide: list[asyncio.Future[Woken | bytes]] = []
+        decide: list[asyncio.Future[Outcome]] = []
         for waiter in waiters:
             if waiter.share is not None and (
                 closed or (revision is not None and revision > waiter.since)
@@ -173,7 +175,7 @@ class _Wake:
             await _in_batches([w.future for w in group], body)
 
 
-async def _in_batches(futures: list[asyncio.Future[Woken | bytes]], result: Woken | bytes) -> None:
+async def _in_batches(futures: list[asyncio.Future[Outcome]], result: Outcome) -> None:
     """Resolve ``futures`` with ``result``, :data:`WAKE_BATCH` per turn of the loop."""
     for start in range(0, len(futures), WAKE_BATCH):
         if start:

@@ -4,7 +4,6 @@ revision they hold; the operator reads a ring's rotation and moves it on (keyrin
 from __future__ import annotations
 
 import base64
-import functools
 import time
 
 from fastapi import APIRouter, Depends, Response
@@ -20,9 +19,14 @@ from epochsvc.service.deps import (
     json_body,
 )
 from epochsvc.service.errors import ApiError
-from epochsvc.service.held import HeldResponse
 from epochsvc.service.keyring import Holder, Phase, Ring, RotationInProgress
-from epochsvc.service.routers.servers import NameParam, SinceParam, WaitParam, held_seconds
+from epochsvc.service.routers.servers import (
+    NameParam,
+    SinceParam,
+    WaitParam,
+    held_poll,
+    held_seconds,
+)
 from mcp_epoch.api import (
     ErrorBody,
     RequestStateRing,
@@ -117,8 +121,8 @@ async def load_ring(
         assert since is not None  # held_seconds holds only a poll with a since
 
         # The ring is one per server: its waiters share one read of it per change.
-        args = (store, namespace, server, since, held, lambda _: loaded(), (namespace, server))
-        return HeldResponse(functools.partial(notifier.hold, *args), media_type="application/json")
+        share = (namespace, server)
+        return held_poll(notifier, store, namespace, server, since, held, lambda _: loaded(), share)
     return Response(await loaded(), media_type="application/json")
 
 

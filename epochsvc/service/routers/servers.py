@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Hashable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -17,7 +17,7 @@ from epochsvc.service.held import HeldResponse
 from epochsvc.service.issued import announce_issued
 from epochsvc.service.lifecycle import State
 from epochsvc.service.listings import ListKey, RenderedLists
-from epochsvc.service.longpoll import ChangeNotifier
+from epochsvc.service.longpoll import Answer, ChangeNotifier
 from epochsvc.service.models import epoch_of
 from epochsvc.service.settings import Settings
 from epochsvc.service.store import EpochStore
@@ -46,6 +46,22 @@ def held_seconds(since: int | None, wait: float, settings: Settings) -> float | 
     return min(wait, settings.max_wait_seconds)
 
 
+def held_poll(
+    notifier: ChangeNotifier,
+    store: EpochStore,
+    namespace: str,
+    server: str,
+    since: int,
+    held: float,
+    answer: Answer,
+    share: Hashable,
+) -> HeldResponse:
+    """A long poll held until the server changes (:meth:`ChangeNotifier.hold`), then answered
+    outside the framework's frames (:mod:`epochsvc.service.held`): one shape for every one."""
+    hold = functools.partial(notifier.hold, store, namespace, server, since, held, answer, share)
+    return HeldResponse(hold, media_type="application/json")
+
+
 @router.get("/{namespace}/{server}/epochs", response_model=EpochList)
 async def list_epochs(
     namespace: NameParam,
@@ -72,8 +88,7 @@ async def list_epochs(
     if held is not None:
         assert since is not None  # held_seconds holds only a poll with a since
         # Waiters of the same list (its key) share one answer per change.
-        args = (store, namespace, server, since, held, read.answer, key)
-        return HeldResponse(functools.partial(notifier.hold, *args), media_type="application/json")
+        return held_poll(notifier, store, namespace, server, since, held, read.answer, key)
     return Response(await read.listing(), media_type="application/json")
 
 
