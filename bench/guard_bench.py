@@ -2,6 +2,7 @@
 
     python -m bench guard [--seconds 0.4] [--slices 10] [--clients 8] [--steps 10] [--rounds 15]
                           [--processes 2]
+    python -m bench guard --instructions [--phase-seconds 15]   (bench/guard_instructions.py)
 
 One ``MCPServer`` (``bench/guard_server.py``) with a tool that sends ``--steps`` progress
 notifications and answers, served three ways, on the same uvicorn settings: with mcp-epoch
@@ -38,11 +39,13 @@ import os
 import statistics
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from bench import guard_instructions
 from bench.guard_server import VARIANTS
 from bench.loadgen import Load, run
 from bench.servers import start_announcing
@@ -56,10 +59,13 @@ NS, SERVER = "bench", "guard"
 MIN_VS_NOOP, MIN_VS_NONE, MAX_ADDED_P99_MS = 0.95, 0.90, 1.0
 
 
-def _start(env: dict[str, str]) -> tuple[subprocess.Popen[str], dict[str, str]]:
-    """A server process serving the three variants; returns it and each variant's URL."""
+def _start(
+    env: dict[str, str], prefix: Sequence[str] = ()
+) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """A server process serving the three variants (run by ``prefix``, if given); returns it
+    and each variant's URL."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("MCP_")}
-    proc, announced = start_announcing("bench.guard_server", env={**full, **env})
+    proc, announced = start_announcing("bench.guard_server", env={**full, **env}, prefix=prefix)
     ports = announced["ports"]
     return proc, {v: f"http://127.0.0.1:{ports[v]}/mcp" for v in VARIANTS}
 
@@ -160,9 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alone", type=float, default=1.0, help="seconds of latency per round")
     ap.add_argument("--processes", type=int, default=2, help="identical processes per variant")
     ap.add_argument("--quick", action="store_true", help="4 rounds of 4 slices")
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per call under callgrind instead (bench/guard_instructions.py)",
+    )
+    ap.add_argument("--phase-seconds", type=float, default=15.0, help="with --instructions")
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.slices, args.alone = 4, 4, 0.5
+        args.phase_seconds = min(args.phase_seconds, 5.0)
+    if args.instructions:
+        return _count_instructions(args)
     work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
     servers = {variant: Variant([]) for variant in VARIANTS}
     procs: list[subprocess.Popen[str]] = []
@@ -198,6 +213,37 @@ def main(argv: list[str] | None = None) -> int:
             for proc in procs:
                 proc.wait(10)
     return _report(servers, args)
+
+
+def _count_instructions(args: argparse.Namespace) -> int:
+    """One server process under callgrind, its variants loaded in turn (see
+    :mod:`bench.guard_instructions`)."""
+    work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
+    procs: list[subprocess.Popen[str]] = []
+    served: dict[str, Served] = {}
+    with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
+
+        def start(prefix: list[str]) -> int:
+            proc, urls = _start(pod_env(svc, 0), prefix)
+            procs.append(proc)
+            for variant in VARIANTS:
+                served[variant] = Served(
+                    proc, urls[variant], _session_headers(urls[variant], args.steps)
+                )
+                served[variant].load(args.clients, 2.0, args.steps)  # warm-up, not counted
+            return proc.pid
+
+        def load(variant: str, seconds: float) -> Load:
+            return served[variant].load(args.clients, seconds, args.steps)
+
+        try:
+            per_call = guard_instructions.measure(start, load, args.phase_seconds)
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(60)
+    guard_instructions.report(per_call)
+    return 0
 
 
 def _report(servers: dict[str, Variant], args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
@@ -28,12 +28,15 @@ def start_server(
 
 
 def start_announcing(
-    module: str, *args: str, env: dict[str, str] | None = None
+    module: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    prefix: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    """``python -m module *args``, once it listens; returns the process and the JSON line it
-    printed then."""
+    """``python -m module *args`` (run by ``prefix``, such as valgrind, if given), once it
+    listens; returns the process and the JSON line it printed then."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", module, *args],
+        [*prefix, sys.executable, "-m", module, *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -1,7 +1,7 @@
-"""The benchmarks keep running: ``python -m bench replica --quick`` end to end (figures are not
-asserted here; targets belong to the benchmarks, never to timed tests). A change to the store
-once left its replay waiting for a final response the benchmark never stored, and nothing ran
-the benchmark to notice."""
+"""The benchmarks keep running: ``python -m bench replica --quick`` end to end, and the guard
+benchmark's server and its instruction count (figures are not asserted here; targets belong to
+the benchmarks, never to timed tests). A change to the store once left its replay waiting for a
+final response the benchmark never stored, and nothing ran the benchmark to notice."""
 
 from __future__ import annotations
 
@@ -49,3 +49,22 @@ def test_the_guard_benchmark_server_serves_its_three_variants_and_stops_on_sigte
         finally:
             proc.terminate()
             assert proc.wait(30) == 0
+
+
+def test_the_guard_benchmark_counts_instructions_per_call_of_each_variant() -> None:
+    """``python -m bench guard --instructions`` runs the server under callgrind and counts
+    each variant's phases alone: a figure per phase and per variant, and the line that sets
+    mcp-epoch's beside the no-op store's."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "guard", "--instructions", "--phase-seconds", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    phases = [line.split() for line in out.stdout.splitlines() if line.endswith(" M")]
+    counted = [p for p in phases if p[0] in ("none", "noop", "epoch") and p[2] == "calls"]
+    assert [p[0] for p in counted] == ["noop", "epoch", "none", "epoch", "noop"], out.stdout
+    assert all(int(p[1]) > 0 and float(p[3]) > 0 for p in counted), out.stdout
+    assert "instructions: mcp-epoch" in out.stdout, out.stdout
