@@ -16,7 +16,7 @@ Instructions are not time: cache misses, the collector's walks over memory and t
 machine's own state cost time that a count does not see, so mcp-epoch's share of the time
 has measured above its share of the instructions. The count is printed beside the judged
 ratio, not as one: it says, to a fraction of a percent and within minutes, how much of the
-per-call cost a change removed, and where a time ratio cannot.
+per-call cost a change removed, where the time ratio cannot tell.
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ class Counted:
         self._control("--dump")  # returns once the dump is written
         self._control("--instr=off")
         (dump,) = set(self.out.iterdir()) - before
-        return _instructions(dump), done
+        instructions = _instructions(dump)
+        dump.unlink()  # megabytes each, and read once
+        return instructions, done
 
 
 def _instructions(dump: Path) -> int:
