@@ -2,7 +2,8 @@
 
 Names: service, replica, forward, longpoll, guard, propagation, webhook, proxy. Options go to each
 benchmark; ``--quick`` (which every one takes) runs them small, for a quick look. At the end,
-every ratio to a floor the benchmarks judged (their ``ratio:`` lines), and the time it took.
+every ratio to a floor the benchmarks judged (their ``ratio:`` lines), and the time it took
+(and each benchmark's, in a run of several).
 """
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ def main() -> int:
     with contextlib.redirect_stdout(gather):
         for name in names:
             print(f"== {name} ==", flush=True)
+            started = time.monotonic()
             module = importlib.import_module(BENCHES[name])
             status |= module.main(args)
+            if len(names) > 1:  # where a whole run's time went
+                print(f"({name}: {time.monotonic() - started:.0f} s)", flush=True)
     if len(names) > 1:
         print("== ratios to their floors ==")
         print("\n".join(gather.ratios) or "(none judged)")

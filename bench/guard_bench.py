@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--alone", type=float, default=1.0, help="seconds of latency per round")
     ap.add_argument("--processes", type=int, default=2, help="identical processes per variant")
+    ap.add_argument("--warm", type=float, default=1.0, help="seconds of warm-up per server")
     ap.add_argument("--quick", action="store_true", help="4 rounds of 4 slices")
     ap.add_argument(
         "--instructions",
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase-seconds", type=float, default=15.0, help="with --instructions")
     args = ap.parse_args(argv)
     if args.quick:
-        args.rounds, args.slices, args.alone = 4, 4, 0.5
+        args.rounds, args.slices, args.alone, args.warm = 4, 4, 0.5, 0.5
         args.phase_seconds = min(args.phase_seconds, 5.0)
     if args.instructions:
         return _count_instructions(args)
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                         proc, urls[variant], _session_headers(urls[variant], args.steps)
                     )
                     servers[variant].procs.append(served)
-                    served.load(args.clients, 1.0, args.steps)  # warm-up
+                    served.load(args.clients, args.warm, args.steps)  # warm-up
             for rnd in range(args.rounds):
                 for k in range(args.slices):
                     order = VARIANTS if k % 2 == 0 else tuple(reversed(VARIANTS))

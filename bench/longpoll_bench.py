@@ -1,6 +1,6 @@
 """Long polls at scale: N replicas' live views waiting on one server, then one change.
 
-    python -m bench longpoll [--waiters 1000,10000,15000] [--rounds 5] [--quick]
+    python -m bench longpoll [--waiters 1000,10000,15000] [--rounds 5] [--quick] [--scale-out]
 
 For each N, the Go load generator (bench/loadgen, far lighter than the service) holds N long
 polls on one server of an epoch service on SQLite, waits until the service reports holding
@@ -20,7 +20,8 @@ connection on default settings and memory under 500 MB.
 
 Scale-out: the same waiters on PostgreSQL, held by one service process and then spread over
 two processes sharing the database (the change is made through one; the other hears it from
-PostgreSQL), reported side by side (``docs/scaling.md`` reads them).
+PostgreSQL), reported side by side (``docs/scaling.md`` reads them). Not in ``--quick``
+unless ``--scale-out`` asks (:mod:`bench.scaleout`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import scaleout
 from bench.loadgen import run_longpoll
 from bench.servers import start_server
 from bench.verdict import Ratio
@@ -204,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--waiters", default=",".join(map(str, DEFAULT_WAITERS)))
     parser.add_argument("--rounds", type=int, default=5, help="service/floor pairs judged")
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_WAITERS}, 5 rounds")
+    scaleout.add_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         counts, judged, rounds = QUICK_WAITERS, QUICK_JUDGED, 5
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds = args.rounds
     with tempfile.TemporaryDirectory(prefix="mcp-epoch-bench-") as tmp:
         rows, floors, ratios = _sqlite(tmp, counts, judged, rounds)
-        scale = _postgres(tmp, judged)
+        scale = _postgres(tmp, judged) if scaleout.wanted(args) else {}
     base = rows[0][1]
     print(
         f"{'waiters':>8} {'held':>6} {'errors':>6} {'wake p50':>9} {'wake p99':>9} "
@@ -234,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("first_error"):
             print(f"{'':>8} first error: {r['first_error']}")
     print(f"(the one-waiter baseline: wake p99 {base['wake_p99_ms']:.1f} ms)")
-    print(f"scale-out on PostgreSQL, {judged} waiters on one server, one change:")
+    print(
+        f"scale-out on PostgreSQL, {judged} waiters on one server, one change:"
+        if scale
+        else scaleout.SKIPPED
+    )
     for procs, r in scale.items():
         print(
             f"  {procs} service process{'es' if procs > 1 else ''}: {r['registered']} held, "

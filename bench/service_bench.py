@@ -1,7 +1,7 @@
 """Epoch service throughput and latency on loopback, SQLite and PostgreSQL, next to the same
 server's ``/healthz`` (the framework's ceiling), measured in one run.
 
-    python -m bench service [--seconds 3] [--rounds 5] [--quick]
+    python -m bench service [--seconds 3] [--rounds 5] [--quick] [--scale-out]
 
 Issuing is a durable write; the most a write could do through the same HTTP stack is what an
 in-memory lookup does on the same server, so issuing at 8 clients is judged against lookups at
@@ -10,6 +10,7 @@ least 0.6x. Beside it, per group commit: writes, statements, round trips and wri
 
 Scale-out: issuing and lookups at 8 clients on two service processes sharing the PostgreSQL,
 the clients spread over both, reported beside one process (``docs/scaling.md`` reads them).
+Not in ``--quick`` unless ``--scale-out`` asks (:mod:`bench.scaleout`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import scaleout
 from bench.loadgen import Load, run
 from bench.verdict import Ratio
 from mcp_epoch import api
@@ -178,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="lookup/issue pairs at 8 clients")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated")
     parser.add_argument("--quick", action="store_true", help="0.5 s per measurement, 3 rounds")
+    scaleout.add_option(parser)
     args = parser.parse_args(argv)
     backends = args.backends.split(",")
     unknown = [b for b in backends if b not in BACKENDS]
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"measuring {backend}...", flush=True)
                 results, breakdown, ratios = _measure(svc, args.seconds, backend, args.rounds)
                 svc.stop()
-                if pg is not None:
+                if pg is not None and scaleout.wanted(args):
                     print("measuring two service processes on one PostgreSQL...", flush=True)
                     scale = _two_processes(pg.new_database(), tmp, args.seconds)
             finally:
@@ -215,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             verdicts += _targets(backend, results, ratios)
             status |= any(v.endswith("MISSED") for v in verdicts)
             verdicts.append(f"{backend}: per group commit while issuing at 8 clients: {breakdown}")
+            if pg is not None and not scale:
+                verdicts.append(scaleout.SKIPPED)
             for procs, (looked, issued) in scale.items():
                 verdicts.append(
                     f"{backend}, {procs} service process{'es' if procs > 1 else ''}: lookups "
