@@ -10,7 +10,9 @@ registered. Measured in one run:
 * a burst of ``--pods`` pod creates, ``--concurrency`` in flight, of pods the webhook skips
   (no ``mcp.epochs.dev/server`` label: the API server never calls it) and then of labelled
   pods (each gets an epoch issued): the create latency p50/p99 of both, and what the webhook
-  adds (target: p99 added < 50 ms);
+  adds, reported and not judged: most of it is the API server calling out and queueing on
+  the machine (an absolute bound of 50 ms stood here once, a figure of the machine more than
+  of the webhook). The operator's own share is judged next, against its floor;
 * the operator's own admission time (its histogram ``mcp_epoch_operator_webhook_seconds``)
   in rounds: bursts of labelled pods where every other create is a server-side dry run, the
   floor (the same path, admitted under the same load at the same time, but an admission that
@@ -42,7 +44,6 @@ from tests.cluster.kube import ApiException, Kube
 from tests.operator.support import OperatorProcess, install_crd, make_namespace, operator_running
 from tests.support.epochsvc_proc import EpochServiceProcess
 
-TARGET_ADDED_P99_MS = 50.0
 #: The operator's own admission p99, above the floor's in the same round.
 TARGET_OWN_ADDED_P99_MS = 10.0
 HISTOGRAM = "mcp_epoch_operator_webhook_seconds"
@@ -207,11 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             print(_line("no webhook (unlabelled)", plain))
             print(_line("webhook (epoch issued)", epoch))
             added = _pct(epoch, 99) - _pct(plain, 99)
-            met = "MET" if added < TARGET_ADDED_P99_MS else "MISSED"
             print(
                 f"  added by the webhook: p50 {_pct(epoch, 50) - _pct(plain, 50):.2f} ms, "
-                f"p99 {added:.2f} ms (target < {TARGET_ADDED_P99_MS:g} ms: {met}); ratio p99 "
-                f"{_pct(epoch, 99) / _pct(plain, 99):.2f}x"
+                f"p99 {added:.2f} ms; ratio p99 {_pct(epoch, 99) / _pct(plain, 99):.2f}x"
             )
             rounds = 3 if args.quick else 5
             print(
