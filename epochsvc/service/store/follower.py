@@ -10,6 +10,10 @@ whole again. It says so once when it loses the database and once when it is back
 connection the database dropped is discarded, never reset (a reset of a dead connection is
 what made the pool log a traceback at every PostgreSQL crash).
 
+Stopping does not wait out the catch-up: the follower waits on its connection's socket and on
+a pipe of its own, and :meth:`Follower.stop` writes to the pipe (psycopg's ``notifies()`` wait
+cannot be interrupted, so a service on PostgreSQL took up to a second longer to shut down).
+
 A change notification names the process that committed it and the revision it committed,
 and a follower reads nothing for its own process's commits: those are in its copy already
 (the group committer puts them there). It only moves its mark past them. That is sound
@@ -22,11 +26,15 @@ read of the ledger on the follower's thread, competing with the writer for the i
 from __future__ import annotations
 
 import logging
+import os
+import select
 import threading
 import time
 from collections.abc import Callable
 
 import sqlalchemy as sa
+from psycopg import Connection as PgConnection
+from psycopg import Notify
 from sqlalchemy import Connection, Engine
 
 from epochsvc.service.store import queries
@@ -85,14 +93,23 @@ class Follower:
         self._stop = threading.Event()
         self._down_since: float | None = None  # when it lost the database, while it has
         self._thread = threading.Thread(target=self._run, name="epochsvc-follower", daemon=True)
+        #: Written once by :meth:`stop`: ends the follower's wait for a notification at once.
+        self._wake_read, self._wake_write = os.pipe()
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._wake_write < 0:
+            return  # stopped already
+        os.write(self._wake_write, b"!")
         if self._thread.is_alive():
             self._thread.join(timeout=CATCH_UP_SECONDS + 5)
+        if not self._thread.is_alive():  # else it may still be waiting on the pipe
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+            self._wake_read = self._wake_write = -1
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -131,7 +148,9 @@ class Follower:
             )
             self._down_since = None
         while not self._stop.is_set():
-            notes = list(raw.notifies(timeout=CATCH_UP_SECONDS, stop_after=1))
+            notes = self._next_notes(raw)
+            if self._stop.is_set():
+                return
             owns = [own_revision(n.payload, self._sender) for n in notes]
             if owns and None not in owns:  # only this process's commits
                 since = max(since, *(r for r in owns if r is not None))
@@ -139,3 +158,14 @@ class Follower:
             full = any(n.payload == "reload" for n in notes)
             records, since = queries.changes(conn, None if full else since, self._ledger8)
             self._deliver(records, since, full)
+
+    def _next_notes(self, raw: PgConnection[object]) -> list[Notify]:
+        """The notifications that have arrived, waiting up to :data:`CATCH_UP_SECONDS` for
+        one (none: time to read anyway), or until :meth:`stop`."""
+        # First those psycopg took in during the last read on this connection: they are no
+        # longer on the socket, so waiting on it would leave them there until the catch-up.
+        notes = list(raw.notifies(timeout=0))
+        if notes:
+            return notes
+        ready, _, _ = select.select([raw.fileno(), self._wake_read], [], [], CATCH_UP_SECONDS)
+        return list(raw.notifies(timeout=0)) if raw.fileno() in ready else []

@@ -4,13 +4,20 @@ PostgreSQL) a second process's writes reaching this one's copy through notificat
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
 
 from epochsvc.service.lifecycle import Action, LifecycleError, State
-from epochsvc.service.store import RequestConflict, SqlEpochStore, UnknownEpoch, open_store
+from epochsvc.service.store import (
+    RequestConflict,
+    SqlEpochStore,
+    UnknownEpoch,
+    follower,
+    open_store,
+)
 from epochsvc.service.store.follower import own_revision
 
 pytestmark = pytest.mark.anyio
@@ -161,10 +168,11 @@ async def _until(changed: asyncio.Event, check: Callable[[], Awaitable[bool]], w
 
 @asynccontextmanager
 async def _two_processes(
-    postgres: object,
+    postgres: object, closing: list[float] | None = None
 ) -> AsyncIterator[tuple[SqlEpochStore, SqlEpochStore, asyncio.Event]]:
     """Two service processes' stores on one new PostgreSQL database, both following it;
-    the event is set whenever the first one's copy takes in the other's writes."""
+    the event is set whenever the first one's copy takes in the other's writes. ``closing``
+    is given the seconds the first one's close took."""
     url = postgres.new_database()  # type: ignore[attr-defined]
     here, there = await open_store(url), await open_store(url)
     changed = asyncio.Event()
@@ -174,7 +182,10 @@ async def _two_processes(
         await there.attach()
         yield here, there, changed
     finally:
+        began = time.monotonic()
         await here.close()
+        if closing is not None:
+            closing.append(time.monotonic() - began)
         await there.close()
 
 
@@ -191,6 +202,19 @@ async def test_postgres_a_second_process_writes_reach_this_copy(postgres: object
         assert (await here.list_server("ns", "echo")).revision == (
             await there.list_server("ns", "echo")
         ).revision
+
+
+async def test_postgres_a_follower_hears_writes_by_notification_and_stops_without_waiting(
+    postgres: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With the catch-up read a minute away, only the notification can bring the other
+    # process's write, and only the wake can end the follower's wait before that minute.
+    monkeypatch.setattr(follower, "CATCH_UP_SECONDS", 60.0)
+    closing: list[float] = []
+    async with _two_processes(postgres, closing) as (here, there, changed):
+        rec, _ = await there.issue("ns", "echo", "heard")
+        await _until(changed, lambda: _has(here, rec.generation), "the other process's epoch")
+    assert closing[0] < 30, f"close took {closing[0]:.1f} s: it waited out the catch-up"
 
 
 async def test_postgres_own_commits_between_anothers_never_hide_its_writes(
