@@ -57,6 +57,8 @@ from tests.support.epochsvc_proc import EpochServiceProcess
 
 NS, SERVER = "bench", "guard"
 MIN_VS_NOOP, MIN_VS_NONE, MAX_ADDED_P99_MS = 0.95, 0.90, 1.0
+#: Warm-up under callgrind: each call runs many times slower there, so more seconds.
+CALLGRIND_WARM = 2.0
 
 
 def _start(
@@ -68,6 +70,17 @@ def _start(
     proc, announced = start_announcing("bench.guard_server", env={**full, **env}, prefix=prefix)
     ports = announced["ports"]
     return proc, {v: f"http://127.0.0.1:{ports[v]}/mcp" for v in VARIANTS}
+
+
+def _serve(
+    proc: subprocess.Popen[str], urls: dict[str, str], args: argparse.Namespace, warm: float
+) -> dict[str, Served]:
+    """Each variant of one server process, on a session of its own, warmed up by ``warm``
+    seconds of the benchmark's load."""
+    served = {v: Served(proc, urls[v], _session_headers(urls[v], args.steps)) for v in VARIANTS}
+    for one in served.values():
+        one.load(args.clients, warm, args.steps)
+    return served
 
 
 def pod_env(svc: EpochServiceProcess, n: int) -> dict[str, str]:
@@ -187,12 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             for n in range(max(1, args.processes)):
                 proc, urls = _start(pod_env(svc, n))
                 procs.append(proc)
-                for variant in VARIANTS:
-                    served = Served(
-                        proc, urls[variant], _session_headers(urls[variant], args.steps)
-                    )
+                for variant, served in _serve(proc, urls, args, args.warm).items():
                     servers[variant].procs.append(served)
-                    served.load(args.clients, args.warm, args.steps)  # warm-up
             for rnd in range(args.rounds):
                 for k in range(args.slices):
                     order = VARIANTS if k % 2 == 0 else tuple(reversed(VARIANTS))
@@ -227,11 +236,7 @@ def _count_instructions(args: argparse.Namespace) -> int:
         def start(prefix: list[str]) -> int:
             proc, urls = _start(pod_env(svc, 0), prefix)
             procs.append(proc)
-            for variant in VARIANTS:
-                served[variant] = Served(
-                    proc, urls[variant], _session_headers(urls[variant], args.steps)
-                )
-                served[variant].load(args.clients, 2.0, args.steps)  # warm-up, not counted
+            served.update(_serve(proc, urls, args, CALLGRIND_WARM))  # not counted
             return proc.pid
 
         def load(variant: str, seconds: float) -> Load:

@@ -137,11 +137,14 @@ class PostgresServer:
         if done.returncode != 0:
             raise RuntimeError(f"psql -f {dump} failed: {done.stderr.strip()}")
 
+    def _postmaster_pid(self) -> int:
+        """The server's own PID (``self.proc`` may be ``runuser`` or ``ip netns exec``)."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
     def kill(self) -> None:
         """SIGKILL the postmaster, as a crash would, and wait until none of its processes is
         left (a restart on the same data directory needs that)."""
-        pid = int((self.data / "postmaster.pid").read_text().split()[0])
-        os.kill(pid, signal.SIGKILL)
+        os.kill(self._postmaster_pid(), signal.SIGKILL)
         assert self.proc is not None
         self.proc.wait(20)
         self.proc = None
@@ -158,8 +161,7 @@ class PostgresServer:
         stopped."""
         if self.proc is not None:
             try:
-                pid = int((self.data / "postmaster.pid").read_text().split()[0])
-                os.kill(pid, signal.SIGINT)
+                os.kill(self._postmaster_pid(), signal.SIGINT)
             except (OSError, ValueError, IndexError):  # it never got as far as its PID file
                 self.proc.terminate()
             try:
