@@ -5,7 +5,7 @@ cursor locates its event in O(1) (slot ``seq % capacity``) and eviction is stric
 That gives the exact gap rule the decision needs: the continuation of a cursor is complete iff
 the cursor's own event is still buffered. Memory is ``capacity`` slots, whatever the uptime.
 
-The ring keeps columns (owner, stream, message, ID, final), not an object per event: an append
+The ring keeps columns (owner, stream, message, final), not an object per event: an append
 allocates nothing the cyclic garbage collector tracks. Events live for the whole window, so
 every tracked object they held was walked by every collection until it was evicted (bench
 guard: the collector's time per call was 2.5 times the SDK's own). The store keeps each message
@@ -24,14 +24,14 @@ MAX_CAPACITY: Final = 10_000_000
 
 class BufferedEvent(NamedTuple):
     """One sent event, as read back. ``owner`` is the session tag, ``message`` is ``None`` for
-    priming events; ``event_id`` is the encoded ID when the store keeps it (encoded once,
-    replayed many times); ``final``: the message ends its stream (a response or an error)."""
+    priming events; ``final``: the message ends its stream (a response or an error). Its ID is
+    the store's to make from ``seq`` (made again on the rare replay rather than kept: a string
+    per event held for the whole window, and freed cold when evicted)."""
 
     seq: int
     owner: Hashable | None
     stream_id: str
     message: Any
-    event_id: str = ""
     final: bool = False
 
 
@@ -47,14 +47,13 @@ class ReplayBuffer:
     """Fixed-size ring of events, read back as :class:`BufferedEvent`: O(1) append, memory
     fixed at creation."""
 
-    __slots__ = ("_capacity", "_finals", "_ids", "_messages", "_owners", "_streams", "next_seq")
+    __slots__ = ("_capacity", "_finals", "_messages", "_owners", "_streams", "next_seq")
 
     def __init__(self, capacity: int = DEFAULT_BUFFER_EVENTS) -> None:
         self._capacity = check_capacity(capacity)
         self._owners: list[Hashable | None] = [None] * self._capacity
         self._streams: list[str] = [""] * self._capacity
         self._messages: list[Any] = [None] * self._capacity
-        self._ids: list[str] = [""] * self._capacity
         self._finals: list[bool] = [False] * self._capacity
         #: The seq the next append gets; everything below it has been issued. Read it, never
         #: set it (an attribute, not a property: the store reads it for every event).
@@ -77,7 +76,6 @@ class ReplayBuffer:
         owner: Hashable | None,
         stream_id: str,
         message: Any,
-        event_id: str = "",
         final: bool = False,
     ) -> int:
         seq = self.next_seq
@@ -85,7 +83,6 @@ class ReplayBuffer:
         self._owners[i] = owner
         self._streams[i] = stream_id
         self._messages[i] = message
-        self._ids[i] = event_id
         self._finals[i] = final
         self.next_seq = seq + 1
         return seq
@@ -93,7 +90,7 @@ class ReplayBuffer:
     def _event(self, seq: int) -> BufferedEvent:
         i = seq % self._capacity
         return BufferedEvent(
-            seq, self._owners[i], self._streams[i], self._messages[i], self._ids[i], self._finals[i]
+            seq, self._owners[i], self._streams[i], self._messages[i], self._finals[i]
         )
 
     def get(self, seq: int) -> BufferedEvent | None:
@@ -101,6 +98,12 @@ class ReplayBuffer:
         if not self.oldest_seq <= seq < self.next_seq:
             return None
         return self._event(seq)
+
+    def message_of(self, seq: int) -> Any:
+        """The message kept for event ``seq`` while it is buffered, else ``None``."""
+        if self.next_seq - self._capacity <= seq < self.next_seq and seq > 0:
+            return self._messages[seq % self._capacity]
+        return None
 
     def is_evicted(self, seq: int) -> bool:
         return 1 <= seq < self.oldest_seq

@@ -18,6 +18,7 @@ streams that earlier owners handed over with it.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,8 @@ class SessionRegistry:
     def __init__(self) -> None:
         self._tags: weakref.WeakValueDictionary[str, SessionTag] = weakref.WeakValueDictionary()
         self._public: weakref.WeakValueDictionary[str, SessionTag] = weakref.WeakValueDictionary()
+        #: Called with the app's own ID of every session bound here (an adapter's hook).
+        self.opened: Callable[[str], None] | None = None
 
     def get(self, session_id: str) -> SessionTag | None:
         return self._tags.get(session_id)
@@ -89,6 +92,8 @@ class SessionRegistry:
         if public_id is not None:
             tag.public_id = public_id
             self._public[public_id] = tag
+        if self.opened is not None:
+            self.opened(session_id)
 
     def tags(self) -> list[SessionTag]:
         """Every session this process holds now."""

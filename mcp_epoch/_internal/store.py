@@ -140,6 +140,20 @@ class EpochEventStore(EventStore):
         """A message as the SDK writes it on a stream (and as the buffer keeps it)."""
         return wire(message)[0]
 
+    def stored_text(self, event_id: str) -> str | None:
+        """The text of an event this store minted ``event_id`` for, while the ring holds it;
+        None for another process's ID, a malformed one, an evicted event or a priming one."""
+        prefix = self._prefix
+        n = len(prefix)
+        if not n or event_id[:n] != prefix:
+            return None
+        try:
+            seq = int(event_id[n:])
+        except ValueError:
+            return None
+        text: str | None = self.buffer.message_of(seq)
+        return text
+
     def event_id(self, seq: int) -> str:
         return self._prefix + str(seq)
 
@@ -152,7 +166,7 @@ class EpochEventStore(EventStore):
         # Kept as the text it is sent as: one string, which the collector never walks, where
         # an SDK model is a handful of tracked objects held for the whole window.
         text, final = (None, False) if message is None else wire(message)
-        buffer.append(owner, stream_id, text, event_id, final)
+        buffer.append(owner, stream_id, text, final)
         if final and self.inflight is not None:
             self.inflight.answered((owner, stream_id))
         if self._followers:
@@ -184,7 +198,7 @@ class EpochEventStore(EventStore):
         try:
 
             async def send(ev: BufferedEvent) -> None:
-                await send_callback(EventMessage(as_sent(ev), ev.event_id))
+                await send_callback(EventMessage(as_sent(ev), self._prefix + str(ev.seq)))
 
             await follow(self.buffer, self._followers, plan, owner, send)
         except ResumptionGap:
@@ -198,7 +212,7 @@ class EpochEventStore(EventStore):
         owner = current_session.get()
 
         async def send(ev: BufferedEvent) -> None:
-            await send_callback(EventMessage(as_sent(ev), ev.event_id))
+            await send_callback(EventMessage(as_sent(ev), self._prefix + str(ev.seq)))
 
         if self.buffer.is_evicted(since):
             raise ResumptionGap(f"event {since} was evicted before the stream could send it")
