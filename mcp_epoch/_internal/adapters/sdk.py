@@ -104,8 +104,9 @@ def writes_stored_text(manager: Any, store: StoredText) -> Callable[[str], None]
             # (JSON text has no line break: one data line carries it.)
             if event_id and text is not None and "\n" not in text and "\r" not in text:
                 return sse_chunk(event_id, text)
-            own = sdk_own()
-            return None if own is None else own(event)
+            own = sdk_own()  # alive: the hook is called as its own transport's attribute
+            assert own is not None
+            return own(event)
 
         create_event_data.writes_stored_text = True  # type: ignore[attr-defined]
         transport._create_event_data = create_event_data  # type: ignore[union-attr]
