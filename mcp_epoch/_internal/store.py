@@ -198,7 +198,7 @@ class EpochEventStore(EventStore):
         try:
 
             async def send(ev: BufferedEvent) -> None:
-                await send_callback(EventMessage(as_sent(ev), self._prefix + str(ev.seq)))
+                await send_callback(EventMessage(as_sent(ev), self.event_id(ev.seq)))
 
             await follow(self.buffer, self._followers, plan, owner, send)
         except ResumptionGap:
@@ -212,7 +212,7 @@ class EpochEventStore(EventStore):
         owner = current_session.get()
 
         async def send(ev: BufferedEvent) -> None:
-            await send_callback(EventMessage(as_sent(ev), self._prefix + str(ev.seq)))
+            await send_callback(EventMessage(as_sent(ev), self.event_id(ev.seq)))
 
         if self.buffer.is_evicted(since):
             raise ResumptionGap(f"event {since} was evicted before the stream could send it")
