@@ -94,10 +94,15 @@ def test_sdk_clients_keep_their_sessions_through_a_rolling_deploy(tmp_path: Path
         served = [Token.parse(c["text"]).replica for c in calls]  # type: ignore[union-attr]
         assert served[-1] not in first, (name, served)
     replaced = [r for r in replicas if r.backend.name in first]
-    # Every old replica drained, handed its sessions on and exited in time.
-    assert all(not r.killed and r.drain.get("handed", 0) > 0 for r in replaced), [
+    # Every old replica drained and exited in time, keeping no session (each one it held went
+    # on to a peer). Not every one need have held one: the balancer's rotation, shared with
+    # every other request, can put none of the four initializes on a replica, and the sessions
+    # of the first to drain may go to a new replica (CI saw a replica hand on none, every call
+    # of every session completing).
+    assert all(not r.killed and r.drain.get("kept", 1) == 0 for r in replaced), [
         (r.backend.name, r.drain) for r in replaced
     ]
+    assert sum(r.drain.get("handed", 0) for r in replaced) > 0, [r.drain for r in replaced]
 
 
 async def _refused_beside(probe: list[str], workdir: Path) -> dict[str, Any]:
