@@ -101,7 +101,7 @@ class ReplayBuffer:
 
     def message_of(self, seq: int) -> Any:
         """The message kept for event ``seq`` while it is buffered, else ``None``."""
-        if self.next_seq - self._capacity <= seq < self.next_seq and seq > 0:
+        if self.oldest_seq <= seq < self.next_seq:  # the range ``get`` reads
             return self._messages[seq % self._capacity]
         return None
 
