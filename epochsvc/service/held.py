@@ -70,6 +70,15 @@ class HeldResponse(Response):
         return self.status_code
 
 
+def _keep_only_kept(scope: Scope) -> None:
+    """Drop what :data:`_KEPT` does not name. Rebuilt, not emptied key by key: the framework's
+    additions grew the table, and a dict never shrinks as its keys are deleted (832 bytes
+    kept, where the same keys take 464). The server holds this very dict, so it stays."""
+    kept = {k: v for k, v in scope.items() if k in _KEPT}
+    scope.clear()
+    scope.update(kept)
+
+
 class HeldPolls:
     """Outermost layer: the request runs through the app as always; a :class:`HeldResponse`
     it returned is waited for and answered here. Every middleware inside must be pure ASGI,
@@ -98,8 +107,7 @@ class HeldPolls:
         await self.app(scope, receive, send)
         if not hold:
             return
-        for key in [k for k in scope if k not in _KEPT]:
-            del scope[key]
+        _keep_only_kept(scope)
         status = 500
         try:
             status = await hold[0].answer(scope, receive, send)
