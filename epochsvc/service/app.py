@@ -87,29 +87,37 @@ async def _sweep_forever(app: FastAPI) -> None:
             )
 
 
-class _Service(FastAPI):
+class ServiceApp(FastAPI):
+    """The service's app. Its :attr:`front` is what a server should run: the app behind the
+    front that holds long polls (:mod:`.held`); calling the app itself goes through it too."""
+
     _front: HeldPolls | None = None
 
     def build_middleware_stack(self) -> ASGIApp:
         """Outside the framework's own layers: every request's latency."""
         return ObserveLatency(super().build_middleware_stack(), self.state.metrics)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The front for long polls held after the routes checked them (:mod:`.held`), outside
-        even the framework's own calls, so that a held poll keeps none of their frames."""
+    @property
+    def front(self) -> HeldPolls:
+        """The front for long polls held after the routes checked them, outside even the
+        framework's own calls, so that a held poll keeps none of their frames. Served
+        directly (``serve`` does), a held poll keeps not even this app's call."""
         if self._front is None:
             metrics: Metrics = self.state.metrics
             self._front = HeldPolls(
                 super().__call__, self.exception_handlers, observe=metrics.observe_request
             )
-        await self._front(scope, receive, send)
+        return self._front
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.front(scope, receive, send)
 
 
 def create_app(
     settings: Settings | None = None,
     auth: Authenticator | None = None,
     store: EpochStore | None = None,
-) -> FastAPI:
+) -> ServiceApp:
     """The service; ``store`` is opened here unless the caller opened it (``serve`` does, to
     report a bad database URL or a locked ledger as one clear line before listening)."""
     settings = settings or Settings()
@@ -147,7 +155,7 @@ def create_app(
             if isinstance(auth, KubernetesAuth):
                 await auth.reviewer.close()
 
-    app = _Service(
+    app = ServiceApp(
         title="mcp-epoch epoch service",
         version=__version__,
         description="Issues monotonic, never-reused epochs and knows which are live.",

@@ -16,10 +16,11 @@ answered by the app's own exception handlers, the same ones as for every other r
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -44,12 +45,33 @@ _KEPT = frozenset(
 Handler = Callable[[Request, Any], Response | Awaitable[Response]]
 
 
+class Waiting(Protocol):
+    """A held poll registered to wait (:meth:`epochsvc.service.longpoll.ChangeNotifier.begin`):
+    its ``future`` resolves with its answer (bytes), or with what :meth:`finish` turns into
+    one."""
+
+    future: asyncio.Future[Any]
+
+    async def wait(self) -> bytes:
+        """The answer: the future awaited, then finished, or abandoned if that fails."""
+
+    def finish(self, result: Any) -> Awaitable[bytes]:
+        """The answer, for a future that resolved with ``result``, not bytes."""
+
+    def abandon(self) -> None:
+        """It stops waiting: the wait failed, or was cancelled."""
+
+
+#: What a held poll is begun with: its answer at once, or what to wait for.
+Begin = Callable[[], Awaitable["bytes | Waiting"]]
+
+
 class HeldResponse(Response):
     """A response whose body is produced only once it is to be sent: how a long poll waits."""
 
-    def __init__(self, body: Callable[[], Awaitable[bytes]], media_type: str) -> None:
+    def __init__(self, begin: Begin, media_type: str) -> None:
         super().__init__(media_type=media_type)
-        self._produce = body
+        self.begin = begin
         # The head but its length, made now, while the request runs, not at the wake.
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
 
@@ -58,12 +80,11 @@ class HeldResponse(Response):
         if hold is not None:
             hold.append(self)  # HeldPolls answers once the framework's frames are gone
             return
-        await self.answer(scope, receive, send)
+        got = await self.begin()
+        await self.send_body(got if isinstance(got, bytes) else await got.wait(), send)
 
-    async def answer(self, scope: Scope, receive: Receive, send: Send) -> int:
-        """Send the body once it is produced: two messages, as a bare ASGI app sends them.
-        Returns the status sent."""
-        body = await self._produce()
+    async def send_body(self, body: bytes, send: Send) -> int:
+        """Two messages, as a bare ASGI app sends them. Returns the status sent."""
         headers = [*self.raw_headers, (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -108,9 +129,22 @@ class HeldPolls:
         if not hold:
             return
         _keep_only_kept(scope)
+        held = hold[0]
         status = 500
         try:
-            status = await hold[0].answer(scope, receive, send)
+            got = await held.begin()
+            if not isinstance(got, bytes):
+                # Waited for here, not in a call of its own (as Waiting.wait does): while it
+                # waits, a held poll keeps no frame but this one and the server's. A frame
+                # kept is one more to resume, from cold memory, for each of thousands of
+                # polls one change wakes.
+                try:
+                    result = await got.future
+                except BaseException:
+                    got.abandon()
+                    raise
+                got = result if type(result) is bytes else await got.finish(result)
+            status = await held.send_body(got, send)
         except Exception as exc:
             handler = self._handler(exc)
             if handler is None:

@@ -83,15 +83,49 @@ def _resolve(future: asyncio.Future[Outcome], woken: Outcome = None) -> None:
 
 
 class _Waiter:
-    """One held poll, as its server's wake sees it: enough to answer it without resuming it
-    first (:meth:`_Wake.fire`)."""
+    """One held poll: what its server's wake needs to answer it without resuming it first
+    (:meth:`_Wake.fire`), and what its front waits on (:class:`epochsvc.service.held.Waiting`).
+    """
 
-    __slots__ = ("answer", "future", "share", "since")
+    __slots__ = (
+        *("answer", "deadline", "future", "held", "key", "left"),
+        *("notifier", "share", "since", "store", "wake"),
+    )
+    #: Its future with that wake: set by each look (:meth:`ChangeNotifier._look`).
+    future: asyncio.Future[Outcome]
 
     def __init__(
-        self, future: asyncio.Future[Outcome], since: int, share: Hashable, answer: Answer
+        self,
+        notifier: ChangeNotifier,
+        store: EpochStore,
+        key: Key,
+        since: int,
+        deadline: float,
+        answer: Answer,
+        share: Hashable,
     ) -> None:
-        self.future, self.since, self.share, self.answer = future, since, share, answer
+        self.notifier, self.store, self.key, self.since = notifier, store, key, since
+        self.deadline, self.answer, self.share = deadline, answer, share
+        self.held = False  # counted in ``waiters``: its first look found nothing newer
+        self.left = False  # counted out again (by itself, or by the wake that answered it)
+        self.wake: _Wake | None = None  # the wake it is registered with (by its first look)
+
+    async def wait(self) -> bytes:
+        """Its answer: handed over by the wake, or read once it has decided for itself."""
+        try:
+            result = await self.future
+        except BaseException:
+            self.abandon()
+            raise
+        return result if type(result) is bytes else await self.finish(result)
+
+    def finish(self, result: Outcome) -> Awaitable[bytes]:
+        """Its answer, once its future resolved with anything but that answer."""
+        return self.notifier._finish(self, result)
+
+    def abandon(self) -> None:
+        """It stops waiting without an answer (cancelled, or its shared answer failed)."""
+        self.notifier._leave(self)
 
 
 class _Wake:
@@ -101,14 +135,15 @@ class _Wake:
     timer made for every waiter and cancelled at its wake was a tenth of what a wake of
     thousands costs."""
 
-    def __init__(self) -> None:
+    def __init__(self, notifier: ChangeNotifier, key: Key) -> None:
+        self._notifier, self._key = notifier, key
         self._waiters: dict[asyncio.Future[Outcome], _Waiter] = {}  # in arrival order
         self._deadlines: list[tuple[float, int, asyncio.Future[Outcome]]] = []  # a heap
         self._timer: asyncio.TimerHandle | None = None
 
-    def add(self, since: int, share: Hashable, answer: Answer) -> asyncio.Future[Outcome]:
+    def add(self, waiter: _Waiter) -> asyncio.Future[Outcome]:
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._waiters[future] = _Waiter(future, since, share, answer)
+        self._waiters[future] = waiter
         return future
 
     def expire_at(self, future: asyncio.Future[Outcome], deadline: float) -> None:
@@ -142,24 +177,34 @@ class _Wake:
     async def fire(self, change: int, revision: int | None, closed: bool) -> None:
         """Resume every waiter, in batches of :data:`WAKE_BATCH` per loop turn.
 
-        The waiters this change answers (their server moved past their ``since``, or the
+        The held waiters this change answers (their server moved past their ``since``, or the
         service is closing) that share an answer (``share``) are handed it here, made once
         for all of them after the notification: one read per change serves every waiter of
         a server, ring loads as much as epoch lists (each ring load read the ring itself, a
-        thousand reads per step for a thousand replicas). Every other waiter resumes with the
-        change's number and revision and decides itself (:meth:`ChangeNotifier.hold`)."""
+        thousand reads per step for a thousand replicas). They are counted out here too, all
+        at once, so that each only sends its answer when it resumes. Every other waiter
+        resumes with the change's number and revision and decides itself
+        (:meth:`_Waiter.finish`)."""
         waiters = list(self._waiters.values())
         self._waiters.clear()
         woken: Woken = (change, revision)
         shared: dict[Hashable, list[_Waiter]] = {}
         decide: list[asyncio.Future[Outcome]] = []
+        answered = 0
         for waiter in waiters:
-            if waiter.share is not None and (
-                closed or (revision is not None and revision > waiter.since)
+            if (
+                waiter.held
+                and not waiter.left
+                and waiter.share is not None
+                and (closed or (revision is not None and revision > waiter.since))
             ):
+                waiter.left = True
+                answered += 1
                 shared.setdefault(waiter.share, []).append(waiter)
             else:
                 decide.append(waiter.future)
+        if answered:
+            self._notifier._count_out(self._key, answered, answered)
         await _in_batches(decide, woken)
         for group in shared.values():
             try:
@@ -266,6 +311,37 @@ class ChangeNotifier:
             except StoreUnavailable as exc:  # the next pass tries again; readers see the 503
                 log.debug("long-poll catch-up skipped: %s", exc)
 
+    async def begin(
+        self,
+        store: EpochStore,
+        namespace: str,
+        server: str,
+        since: int,
+        wait: float,
+        answer: Answer,
+        share: Hashable = None,
+    ) -> bytes | _Waiter:
+        """Hold a poll until a change newer than ``since`` exists for the server, or ``wait``
+        passes: its answer at once if the server already moved past ``since``, else the
+        registered waiter, whose :meth:`~_Waiter.wait` gives the answer. The answer is
+        ``answer(n)``, ``n`` the number of the notification (:attr:`changes`) that woke it
+        and found the server changed (None: it found the change at once, or its wait ran
+        out).
+
+        Waiters of one server with the same ``share`` (not None) have the same answer for the
+        same ``n``: those one notification wakes take one answer, made once by the wake
+        (:meth:`_Wake.fire`), with one read begun after that notification
+        (:meth:`RenderedLists.after_change`).
+
+        A front that waits on ``waiter.future`` itself, as :meth:`~_Waiter.wait` does, keeps
+        no frame of this method while it waits (:class:`epochsvc.service.held.HeldPolls`)."""
+        key = (namespace, server)
+        deadline = asyncio.get_running_loop().time() + wait
+        waiter = _Waiter(self, store, key, since, deadline, answer, share)
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        body = await self._look(waiter, None)
+        return waiter if body is None else body
+
     async def hold(
         self,
         store: EpochStore,
@@ -276,64 +352,81 @@ class ChangeNotifier:
         answer: Answer,
         share: Hashable = None,
     ) -> bytes:
-        """Answer once a change newer than ``since`` exists for the server, or ``wait`` passes:
-        with ``answer(n)``, ``n`` the number of the notification (:attr:`changes`) that woke
-        it and found the server changed (None: it found the change at once, or its wait ran
-        out).
+        """:meth:`begin`, and the wait: the answer."""
+        got = await self.begin(store, namespace, server, since, wait, answer, share)
+        return await got.wait() if isinstance(got, _Waiter) else got
 
-        Waiters of one server with the same ``share`` (not None) have the same answer for the
-        same ``n``: those one notification wakes take one answer, made once by the wake
-        (:meth:`_Wake.fire`), with one read begun after that notification
-        (:meth:`RenderedLists.after_change`)."""
-        key = (namespace, server)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        self._waiting[key] = self._waiting.get(key, 0) + 1
-        woken_by: int | None = None
-        held = False  # counted in ``waiters`` once its first look found nothing newer
+    async def _look(self, waiter: _Waiter, woken_by: int | None) -> bytes | None:
+        """Register ``waiter`` with its server's next wake, then look at the server once: the
+        answer if it moved past the waiter's ``since`` (or the service is closing), else None
+        and the waiter waits on its new future. ``woken_by``: the notification that woke it
+        last (its answer's argument should this look find the change)."""
+        key = waiter.key
+        # Registered before the read: a change between the read and the wait still wakes.
+        wake = self._events.get(key)
+        if wake is None:
+            wake = self._events[key] = _Wake(self, key)
+        waiter.wake, waiter.future = wake, wake.add(waiter)
         try:
-            while True:
-                # Taken before the read: a change between the read and the wait still wakes.
-                wake = self._events.get(key)
-                if wake is None:
-                    wake = self._events[key] = _Wake()
-                woken = wake.add(since, share, answer)
-                try:
-                    newest, ledger = await self._revision_of(store, namespace, server)
-                    # since > ledger: the caller's copy came from another (replaced) ledger.
-                    if newest > since or since > ledger or self.closed:
-                        break
-                    # The catch-up's baseline is what the waiters saw, not its own first
-                    # reading: a change made between this look and that reading would
-                    # otherwise become the baseline, and never wake anyone.
-                    self._seen.setdefault(key, newest)
-                    if not held:
-                        held = True
-                        self.waiters += 1
-                    # Not asyncio.timeout(), whose context and cancellation bookkeeping
-                    # every one of thousands of waiters would hold.
-                    wake.expire_at(woken, deadline)
-                    result = await woken
-                    if type(result) is bytes:
-                        return result  # the wake answered it, with the answer it shares
-                    if result is None:
-                        woken_by = None  # its wait ran out: the answer is read anyway
-                        break
-                    assert isinstance(result, tuple)
-                    woken_by, revision = result
-                    if self.closed or (revision is not None and revision > since):
-                        break
-                    # Nothing newer than the caller has (a write that changed nothing), or not
-                    # known: look again once registered anew (above), since a change notified
-                    # before then would find no waiter of this server to wake.
-                finally:
-                    wake.discard(woken)  # a no-op once woken
-        finally:
-            self.waiters -= held
-            left = self._waiting[key] - 1
-            if left:
-                self._waiting[key] = left
-            else:
-                del self._waiting[key]
-                self._events.pop(key, None)
-        return await answer(woken_by)
+            newest, ledger = await self._revision_of(waiter.store, *key)
+        except BaseException:
+            self._leave(waiter)
+            raise
+        # since > ledger: the caller's copy came from another (replaced) ledger.
+        if newest > waiter.since or waiter.since > ledger or self.closed:
+            self._leave(waiter)
+            return await waiter.answer(woken_by)
+        # The catch-up's baseline is what the waiters saw, not its own first reading: a
+        # change made between this look and that reading would otherwise become the
+        # baseline, and never wake anyone.
+        self._seen.setdefault(key, newest)
+        if not waiter.held:
+            waiter.held = True
+            self.waiters += 1
+        # Not asyncio.timeout(), whose context and cancellation bookkeeping every one of
+        # thousands of waiters would hold.
+        wake.expire_at(waiter.future, waiter.deadline)
+        return None
+
+    async def _finish(self, waiter: _Waiter, result: Outcome) -> bytes:
+        """The rest of a held poll whose future resolved with something other than its
+        answer: its wait ran out (None), or a change woke it to decide for itself."""
+        while type(result) is not bytes:
+            if result is None:  # its wait ran out: the answer is read anyway
+                self._leave(waiter)
+                return await waiter.answer(None)
+            woken_by, revision = result
+            if self.closed or (revision is not None and revision > waiter.since):
+                self._leave(waiter)
+                return await waiter.answer(woken_by)
+            # Nothing newer than the caller has (a write that changed nothing), or not known:
+            # look again once registered anew, since a change notified before then would find
+            # no waiter of this server to wake.
+            body = await self._look(waiter, woken_by)
+            if body is not None:
+                return body
+            try:
+                result = await waiter.future
+            except BaseException:
+                self._leave(waiter)
+                raise
+        return result
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """Count ``waiter`` out, once: the wake that answered it may have done so already."""
+        if waiter.left:
+            return
+        waiter.left = True
+        if waiter.wake is not None:
+            waiter.wake.discard(waiter.future)  # a no-op once woken
+        self._count_out(waiter.key, 1, int(waiter.held))
+
+    def _count_out(self, key: Key, leaving: int, held: int) -> None:
+        """``leaving`` waiters of ``key`` are gone, ``held`` of them counted in ``waiters``."""
+        self.waiters -= held
+        left = self._waiting[key] - leaving
+        if left:
+            self._waiting[key] = left
+        else:
+            del self._waiting[key]
+            self._events.pop(key, None)

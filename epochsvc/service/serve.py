@@ -118,7 +118,7 @@ def serve(host: str, port: int, log_level: str | None = None) -> int:
     quiet_collector()
     open_files = raise_open_files_limit()
     config = uvicorn.Config(
-        app,
+        app.front,  # the app itself would add its own call to every request's frames
         log_config=None,
         log_level=level,
         access_log=level == "debug",

@@ -3,7 +3,10 @@
 what its client gets when the wait ends in an error."""
 
 import asyncio
+import contextlib
+import functools
 import gc
+import inspect
 import weakref
 
 import httpx
@@ -13,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from epochsvc.service.errors import install_error_handlers
 from epochsvc.service.held import HeldPolls, HeldResponse
+from epochsvc.service.longpoll import ChangeNotifier
 from epochsvc.service.store.base import StoreUnavailable
 
 pytestmark = pytest.mark.anyio
@@ -124,3 +128,70 @@ async def test_the_front_observes_a_held_poll_once_with_the_status_it_answered(
     observed: list[int] = []
     response, _, _ = await _get(url, observed=observed)
     assert response.status_code == status and observed == [status]
+
+
+class _Ledger:
+    """``server_revision`` of one server, as the notifier reads it; ``looked`` is set at the
+    ``polls``-th read (a waiter's look goes on to wait without yielding once it is read)."""
+
+    def __init__(self, polls: int) -> None:
+        self.revision, self.reads, self.polls = 0, 0, polls
+        self.looked = asyncio.Event()
+
+    async def server_revision(self, namespace: str, server: str) -> tuple[int, int]:
+        self.reads += 1
+        if self.reads == self.polls:
+            self.looked.set()
+        return self.revision, self.revision
+
+
+def _awaited_by_the_front(task: asyncio.Task[httpx.Response]) -> object:
+    """What the front's own call of ``task``'s request awaits right now."""
+    coro: object = task.get_coro()
+    while coro is not None:
+        code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
+        awaiting = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        if code is HeldPolls.__call__.__code__:
+            return awaiting
+        coro = awaiting
+    raise AssertionError("the request is not in the front")
+
+
+async def test_a_poll_the_front_holds_waits_on_its_own_future_and_its_wake_counts_it_out() -> None:
+    """Held by the front, a poll keeps no frame of the notifier's while it waits: the front
+    awaits the waiter's future itself, so a wake resumes one frame of ours per poll. The wake
+    that hands the answer over counts its waiters out; one cancelled while held counts
+    itself out."""
+    ledger, notifier, made = _Ledger(polls=3), ChangeNotifier(), []
+
+    async def answer(woken_by: int | None) -> bytes:
+        made.append(woken_by)
+        return b'{"revision":%d}' % ledger.revision
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/poll")
+    async def poll(since: int) -> HeldResponse:
+        begin = functools.partial(notifier.begin, ledger, "ns", "a", since, 60, answer, "list")
+        return HeldResponse(begin, media_type="application/json")  # type: ignore[arg-type]
+
+    transport = httpx.ASGITransport(app=HeldPolls(app, app.exception_handlers))
+    async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
+        polls = [asyncio.create_task(client.get("/poll?since=0")) for _ in range(3)]
+        await asyncio.wait_for(ledger.looked.wait(), 5)
+        assert notifier.waiters == 3
+        # The future's own iterator: no coroutine, so no frame of ours, below the front.
+        awaited = [_awaited_by_the_front(p) for p in polls]
+        assert all(a is not None and not inspect.iscoroutine(a) for a in awaited), awaited
+        gone = polls.pop()
+        gone.cancel()  # its client went away while it was held
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone
+        assert notifier.waiters == 2
+        assert notifier._waiting == {("ns", "a"): 2}
+        ledger.revision = 1
+        notifier.notify_server("ns", "a", 1)
+        answers = await asyncio.wait_for(asyncio.gather(*polls), 5)
+    assert [a.json() for a in answers] == [{"revision": 1}] * 2 and made == [1]
+    assert notifier.waiters == 0 and not notifier._waiting and not notifier._events

@@ -58,8 +58,8 @@ def held_poll(
 ) -> HeldResponse:
     """A long poll held until the server changes (:meth:`ChangeNotifier.hold`), then answered
     outside the framework's frames (:mod:`epochsvc.service.held`): one shape for every one."""
-    hold = functools.partial(notifier.hold, store, namespace, server, since, held, answer, share)
-    return HeldResponse(hold, media_type="application/json")
+    begin = functools.partial(notifier.begin, store, namespace, server, since, held, answer, share)
+    return HeldResponse(begin, media_type="application/json")
 
 
 @router.get("/{namespace}/{server}/epochs", response_model=EpochList)
