@@ -334,27 +334,14 @@ class ChangeNotifier:
         (:meth:`RenderedLists.after_change`).
 
         A front that waits on ``waiter.future`` itself, as :meth:`~_Waiter.wait` does, keeps
-        no frame of this method while it waits (:class:`epochsvc.service.held.HeldPolls`)."""
+        no frame of this method while it waits (:class:`epochsvc.service.held.HeldPolls`).
+        Either way the poll keeps its place until it is answered, gives up or is cancelled."""
         key = (namespace, server)
         deadline = asyncio.get_running_loop().time() + wait
         waiter = _Waiter(self, store, key, since, deadline, answer, share)
         self._waiting[key] = self._waiting.get(key, 0) + 1
         body = await self._look(waiter, None)
         return waiter if body is None else body
-
-    async def hold(
-        self,
-        store: EpochStore,
-        namespace: str,
-        server: str,
-        since: int,
-        wait: float,
-        answer: Answer,
-        share: Hashable = None,
-    ) -> bytes:
-        """:meth:`begin`, and the wait: the answer."""
-        got = await self.begin(store, namespace, server, since, wait, answer, share)
-        return await got.wait() if isinstance(got, _Waiter) else got
 
     async def _look(self, waiter: _Waiter, woken_by: int | None) -> bytes | None:
         """Register ``waiter`` with its server's next wake, then look at the server once: the

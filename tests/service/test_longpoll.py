@@ -4,6 +4,7 @@ poll; one catch-up pass reads each waited-on server once and wakes it if it move
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from epochsvc.service.longpoll import WAKE_BATCH, ChangeNotifier
 from epochsvc.service.store.base import StoreUnavailable
@@ -33,11 +34,17 @@ async def _woken_by(woken_by: int | None) -> bytes:
     return b"" if woken_by is None else b"%d" % woken_by
 
 
+async def _hold(notifier: ChangeNotifier, *args: Any) -> bytes:
+    """A poll held as the app without its front holds it: begun, then waited for."""
+    got = await notifier.begin(*args)
+    return got if isinstance(got, bytes) else await got.wait()
+
+
 async def _held(
     notifier: ChangeNotifier, store: CountingStore, server: str, since: int = 0, wait: float = 60
 ) -> int | None:
     """Hold a poll answered by :func:`_woken_by`, each waiter on its own (no share)."""
-    body = await notifier.hold(store, "ns", server, since, wait, _woken_by)  # type: ignore[arg-type]
+    body = await _hold(notifier, store, "ns", server, since, wait, _woken_by)
     return int(body) if body else None
 
 
@@ -277,7 +284,7 @@ class _SharedAnswer:
 def _sharing(
     notifier: ChangeNotifier, store: CountingStore, answer: _SharedAnswer, since: int = 0
 ) -> asyncio.Task[bytes]:
-    return asyncio.create_task(notifier.hold(store, "ns", "a", since, 60, answer, "list"))  # type: ignore[arg-type]
+    return asyncio.create_task(_hold(notifier, store, "ns", "a", since, 60, answer, "list"))
 
 
 def test_the_waiters_a_change_answers_share_one_answer_made_after_it() -> None:

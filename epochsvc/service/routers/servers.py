@@ -56,7 +56,7 @@ def held_poll(
     answer: Answer,
     share: Hashable,
 ) -> HeldResponse:
-    """A long poll held until the server changes (:meth:`ChangeNotifier.hold`), then answered
+    """A long poll held until the server changes (:meth:`ChangeNotifier.begin`), then answered
     outside the framework's frames (:mod:`epochsvc.service.held`): one shape for every one."""
     begin = functools.partial(notifier.begin, store, namespace, server, since, held, answer, share)
     return HeldResponse(begin, media_type="application/json")
@@ -123,7 +123,7 @@ class _EpochsRead:
         return self.lists.get(self.key, snapshot.revision, render)
 
     def answer(self, woken_by: int | None) -> Awaitable[bytes]:
-        """A held poll's answer (:meth:`ChangeNotifier.hold`): once woken by notification
+        """A held poll's answer (:meth:`ChangeNotifier.begin`): once woken by notification
         ``woken_by``, the read its fellow waiters share; else a read of its own."""
         if woken_by is None:
             return self.listing()
