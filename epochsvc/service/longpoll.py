@@ -91,7 +91,9 @@ class _Waiter:
         *("answer", "deadline", "future", "held", "key", "left"),
         *("notifier", "share", "since", "store", "wake"),
     )
-    #: Its future with that wake: set by each look (:meth:`ChangeNotifier._look`).
+    #: The wake it is registered with, and its future there: set by each look
+    #: (:meth:`ChangeNotifier._look`), the first made as it begins.
+    wake: _Wake
     future: asyncio.Future[Outcome]
 
     def __init__(
@@ -108,7 +110,6 @@ class _Waiter:
         self.deadline, self.answer, self.share = deadline, answer, share
         self.held = False  # counted in ``waiters``: its first look found nothing newer
         self.left = False  # counted out again (by itself, or by the wake that answered it)
-        self.wake: _Wake | None = None  # the wake it is registered with (by its first look)
 
     async def wait(self) -> bytes:
         """Its answer: handed over by the wake, or read once it has decided for itself."""
@@ -404,8 +405,7 @@ class ChangeNotifier:
         if waiter.left:
             return
         waiter.left = True
-        if waiter.wake is not None:
-            waiter.wake.discard(waiter.future)  # a no-op once woken
+        waiter.wake.discard(waiter.future)  # a no-op once woken
         self._count_out(waiter.key, 1, int(waiter.held))
 
     def _count_out(self, key: Key, leaving: int, held: int) -> None:
