@@ -19,6 +19,8 @@ Kind = Literal["step", "ask", "done"]
 REPLICA_HEADER = "x-demo-replica"
 _KINDS: frozenset[str] = frozenset({"step", "ask", "done"})
 SEP = "|"
+#: How many foreign acceptances a call keeps the text of (the count is always whole).
+MAX_CROSSED = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,9 @@ class CallCheck:
     foreign: int = 0
     duplicated: int = 0
     missing: int = 0
+    #: What the first few foreign acceptances were (``kind: text``), so a run's dump shows
+    #: what crossed into this call, not only how many.
+    crossed: list[str] = field(default_factory=list)
     outcome: Outcome = "pending"
     refused: bool = False  # the server answered the call's own POST with 404: it never ran
     #: A drop cut this client's connections while the call was pending and before any event
@@ -139,10 +144,10 @@ class CallCheck:
         if self._open is not None:
             self._open.delivered = True
         if token is None or token.uid != self.uid or token.call != self.call or token.kind != kind:
-            self.foreign += 1
+            self._foreign(kind, text)
         elif kind == "done":
             if token.n != self.steps:
-                self.foreign += 1  # a result of a call with another shape is not ours
+                self._foreign(kind, text)  # a result of a call with another shape is not ours
         else:
             last = self.last_step if kind == "step" else self.last_ask
             if token.n <= last:
@@ -153,6 +158,11 @@ class CallCheck:
                     self.last_step = token.n
                 else:
                     self.last_ask = token.n
+
+    def _foreign(self, kind: Kind, text: str | None) -> None:
+        self.foreign += 1
+        if len(self.crossed) < MAX_CROSSED:
+            self.crossed.append(f"{kind}: {text if text is None else text[:200]}")
 
     def failed_with(self, exc: BaseException) -> None:
         self.error = repr(exc)[:300]

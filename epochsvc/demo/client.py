@@ -12,7 +12,8 @@ same-process or cross-process and as lossless or not by what the call accepts ne
   give up on the session and open a new one (that call counts as hung).
 * :class:`EpochDemoClient` uses :class:`mcp_epoch.EpochClient`, the rejection path:
   a rejected resumption fails the pending call at once and the next request opens a new
-  session; the client measures how long that re-initialization took.
+  session; the client measures how long that re-initialization took. A call that passes its
+  deadline (hung) makes the user give up on that client and open a new one, as above.
 """
 
 from __future__ import annotations
@@ -269,6 +270,8 @@ class EpochDemoClient(DemoClient):
         super().__init__(index, url, shape, stop)
         self._rejected_at: dict[int, tuple[float, str]] = {}
         self._ready_at: dict[int, float] = {}
+        #: Sessions opened by the clients this one gave up on: numbers go on across clients.
+        self._sessions = 0
 
     def _observe(self, response: httpx2.Response, session: int, rejected: bool) -> None:
         if response.status_code < 400:
@@ -284,47 +287,60 @@ class EpochDemoClient(DemoClient):
         self.observe(session, response)
 
     async def run(self) -> ClientResult:
+        while not self.stop.is_set():
+            await self._one_client()
+        self._fold_reinits()
+        return self.result
+
+    async def _one_client(self) -> None:
+        """Calls on one ``EpochClient`` until ``stop``, or until a call hangs: then the user
+        gives up on that client and opens a new one, as with the plain SDK client. Carrying on
+        would let the hung call's stream, which the SDK keeps reading, bring a later question
+        of its tool (a server need not stop a tool its client cancelled) to the next call."""
+        base = self._sessions
         ec = EpochClient(
             self.url,
-            on_response=self._observe,
+            on_response=lambda response, n, rejected: self._observe(response, base + n, rejected),
             headers={CLIENT_HEADER: self.name},
             min_backoff=0.05,
             elicitation_callback=self.on_elicit,
         )
-        async with ec:
-            self._ready_at[ec.session_number] = time.monotonic()
-            while not self.stop.is_set():
-                session = ec.session_number
-                call, args = self._new_call(session)
-                try:
-                    result = await self._answer(
-                        call, ec.call_tool("work", args, progress_callback=self._progress(call))
-                    )
-                except ResumptionRejected:
-                    call.finish("rejected")
-                    await self._reinit(ec)
-                    continue
-                except TimeoutError:
-                    call.finish("hung")
-                    continue
-                except Exception as exc:
-                    call.failed_with(exc)
-                    self.result.errors.append(f"{call.uid}/{call.call}: {exc!r}")
-                    await asyncio.sleep(0.1)
-                    continue
-                self._ready_at.setdefault(session, time.monotonic())
-                self._finish(call, result)
-            if self._rejected_at and max(self._rejected_at) >= max(self._ready_at):
-                await self._reinit(ec)  # a rejection after the last call: re-init anyway
-        self._fold_reinits()
-        return self.result
+        try:
+            async with ec:
+                self._ready_at[base + ec.session_number] = time.monotonic()
+                while not self.stop.is_set():
+                    session = base + ec.session_number
+                    call, args = self._new_call(session)
+                    try:
+                        result = await self._answer(
+                            call,
+                            ec.call_tool("work", args, progress_callback=self._progress(call)),
+                        )
+                    except ResumptionRejected:
+                        call.finish("rejected")
+                        await self._reinit(ec, base)
+                        continue
+                    except TimeoutError:
+                        call.finish("hung")
+                        return
+                    except Exception as exc:
+                        call.failed_with(exc)
+                        self.result.errors.append(f"{call.uid}/{call.call}: {exc!r}")
+                        await asyncio.sleep(0.1)
+                        continue
+                    self._ready_at.setdefault(session, time.monotonic())
+                    self._finish(call, result)
+                if self._rejected_at and max(self._rejected_at) >= max(self._ready_at):
+                    await self._reinit(ec, base)  # a rejection after the last call: re-init
+        finally:
+            self._sessions = base + ec.session_number
 
-    async def _reinit(self, ec: EpochClient) -> None:
+    async def _reinit(self, ec: EpochClient, base: int) -> None:
         """The next request opens a new session; a ping is the cheapest next request."""
         for _ in range(3):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ec.run(lambda c: c.send_ping()), 10.0)
-                self._ready_at.setdefault(ec.session_number, time.monotonic())
+                self._ready_at.setdefault(base + ec.session_number, time.monotonic())
                 return
             await asyncio.sleep(0.1)
 

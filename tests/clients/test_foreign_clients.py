@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,23 @@ from epochsvc.demo.fleet import LocalProcessFleet
 from epochsvc.demo.service import EpochService
 from tests.clients.probes import go_probe, ts_probe
 
-SECONDS = 30.0  # of calls; the deploy starts after 3 s and must be over well before the end
 STEPS = 8  # 0.8 s per call, with a progress notification per step
 
 
-async def _run_probe(cmd: list[str]) -> dict[str, Any]:
-    proc = await asyncio.create_subprocess_exec(
-        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), SECONDS + 120)
-    assert proc.returncode == 0, f"{cmd[0]} exited {proc.returncode}: {err.decode()[-3000:]}"
+async def _first_call(proc: asyncio.subprocess.Process) -> None:
+    """Wait until the probe has ended its first call: its session exists, on the fleet as it
+    is now."""
+    assert proc.stdout is not None and proc.stderr is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 120)
+    if not line.strip() or json.loads(line) != {"called": 1}:
+        err = await proc.stderr.read()
+        raise AssertionError(f"a probe did not make its first call: {line!r} {err[-3000:]!r}")
+
+
+async def _stop_probe(proc: asyncio.subprocess.Process) -> dict[str, Any]:
+    """Close the probe's stdin: it makes one more call, begun now, and reports every call."""
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, f"the probe exited {proc.returncode}: {err.decode()[-3000:]}"
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     return result
 
@@ -47,27 +53,36 @@ async def _deploy_under(probes: dict[str, list[str]], workdir: Path) -> tuple[An
     lb = Balancer("request")
     await lb.start()
     fleet = LocalProcessFleet("epoch", lb, workdir, service=service)
+    procs: list[asyncio.subprocess.Process] = []
     try:
         await fleet.start(3)
         first = {r.backend.name for r in fleet.replicas()}
-        runs = {
-            name: asyncio.create_task(
-                _run_probe(
-                    [*cmd, "-url", lb.url, "-seconds", str(SECONDS), "-steps", str(STEPS)]
-                    if name.startswith("go")
-                    else [*cmd, lb.url, str(SECONDS), str(STEPS)]
+        for name, cmd in probes.items():
+            args = (
+                ["-url", lb.url, "-steps", str(STEPS)]
+                if name.startswith("go")
+                else [lb.url, str(STEPS)]
+            )
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    *cmd,
+                    *args,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
                 )
             )
-            for name, cmd in probes.items()
-        }
-        began = time.monotonic()
-        await asyncio.sleep(3.0)
+        await asyncio.gather(*(_first_call(p) for p in procs))
+        # Every session was opened, and called, on the first fleet; the deploy replaces it.
         await fleet.rolling_deploy(1.0)
-        deployed = time.monotonic() - began
-        # Calls go on after the last old replica is gone, or the test proves nothing.
-        assert deployed < SECONDS - 5, f"the deploy took {deployed:.1f}s of the {SECONDS}s"
-        results = {name: await run for name, run in runs.items()}
+        # Each probe's last call begins now, with every old replica gone.
+        stopped = await asyncio.gather(*(_stop_probe(p) for p in procs))
+        results = dict(zip(probes, stopped, strict=True))
     finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
         await fleet.close()
         await lb.stop()
         service.stop()

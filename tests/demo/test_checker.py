@@ -44,6 +44,13 @@ def test_foreign_events_are_counted() -> None:
     c = run(events)
     c.finish("completed")
     assert c.foreign == 2 and c.duplicated == 0 and c.missing == 0
+    # What crossed is kept, for the run's dump: the report says what, not only how many.
+    assert c.crossed == [f"step: {tok(3, uid='c9s1')}", f"step: {tok(3, call='k2')}"]
+
+
+def test_only_the_first_foreign_texts_are_kept() -> None:
+    c = run([(tok(n, call="k2"), "step") for n in range(1, 10)], steps=9)
+    assert c.foreign == 9 and len(c.crossed) == 5 and c.crossed[0] == f"step: {tok(1, call='k2')}"
 
 
 def test_foreign_result_and_unparseable_message() -> None:

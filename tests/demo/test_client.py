@@ -1,7 +1,9 @@
-"""What the demo's clients record about the HTTP answers their calls get.
+"""What the demo's clients record about the HTTP answers their calls get, and what they do
+when a call hangs.
 
-Every call that fails must be explained by what the client was told; these tests feed real
-``httpx2`` responses (no server needed: the client only reads them) to the client's hook.
+Every call that fails must be explained by what the client was told; most tests here feed real
+``httpx2`` responses (no server needed: the client only reads them) to the client's hook. The
+last runs the client against a real sidecar fleet.
 """
 
 from __future__ import annotations
@@ -9,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import httpx2
 import mcp_types as types
 import pytest
 
+from epochsvc.demo.balancer import Balancer
 from epochsvc.demo.client import CallShape, EpochDemoClient
+from epochsvc.demo.fleet import LocalProcessFleet
+from epochsvc.demo.service import EpochService
 from mcp_epoch.contract import FORWARDED_BY_HEADER, REJECTED_HEADER
 
 URL = "http://127.0.0.1:1/mcp"
@@ -108,3 +114,48 @@ def test_the_end_of_a_calls_wait_is_stamped_however_it_ends() -> None:
     asyncio.run(run())
     assert call.started_at is not None and call.ended_at is not None
     assert call.ended_at - call.started_at >= 0.05
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_call_ends_its_client_so_its_tools_late_question_reaches_no_later_call(
+    tmp_path: Path,
+) -> None:
+    """A TypeScript SDK server behind the sidecar, whose tool, as the SDK's README writes one,
+    does not watch its abort signal: it goes on asking after its client gave up. The SDK client
+    keeps reading a cancelled call's stream, so had the user carried on with the same client,
+    the hung call's next question would reach the next call (a busy-core demo counted one such
+    question as a foreign event). Every call here hangs: its deadline comes before its first
+    question. After each, the user opens a new client, and no call accepts a question of
+    another."""
+    # 20 steps of 0.1 s with a question every 5: questions at 0.5 s, 1 s, ...; deadline 0.3 s.
+    shape = CallShape(steps=20, interval=0.1, ask_every=5, slack=-1.7)
+
+    async def run() -> EpochDemoClient:
+        service = EpochService(tmp_path)
+        service.start()
+        lb = Balancer("link")
+        await lb.start()
+        fleet = LocalProcessFleet("sidecar", lb, tmp_path, service=service)
+        try:
+            await fleet.start(1)
+            stop = asyncio.Event()
+            client = EpochDemoClient(0, lb.url, shape, stop)
+            task = asyncio.create_task(client.run())
+            # Polling a condition the client reaches by itself: its fifth call has ended.
+            while sum(c.outcome != "pending" for c in client.result.calls) < 5:
+                assert not task.done(), task
+                await asyncio.sleep(0.05)
+            stop.set()
+            await asyncio.wait_for(task, 60)
+            return client
+        finally:
+            await fleet.close()
+            await lb.stop()
+            service.stop()
+
+    client = asyncio.run(run())
+    calls = client.result.calls
+    assert len(calls) >= 5 and all(c.outcome == "hung" for c in calls), calls
+    assert [c.crossed for c in calls if c.foreign] == []
+    # A new client, and so a new session, after every hung call.
+    assert len({c.uid for c in calls}) == len(calls), [c.uid for c in calls]

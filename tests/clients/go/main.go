@@ -1,6 +1,10 @@
-// Command probe is the official MCP Go SDK client, used as any user would: one session, calls
-// back to back for a while, then one JSON line with every call's outcome. The tests run it
-// across a rolling deploy of mcp-epoch servers; nothing here knows about mcp-epoch.
+// Command probe is the official MCP Go SDK client, used as any user would: one session and
+// calls back to back, then one JSON line with every call's outcome. The tests run it across a
+// rolling deploy of mcp-epoch servers; nothing here knows about mcp-epoch.
+//
+// It is driven by its stdin, never by a clock, so a slow machine changes nothing it proves:
+// {"called": 1} goes to stdout once the first call has ended, and once stdin closes the probe
+// ends the call in flight, makes one more (begun after the close), and stops.
 package main
 
 import (
@@ -9,6 +13,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -28,7 +33,6 @@ type call struct {
 
 func main() {
 	url := flag.String("url", "", "the MCP endpoint")
-	seconds := flag.Float64("seconds", 10, "how long to keep making calls")
 	steps := flag.Int("steps", 10, "progress steps per call (0.1 s each)")
 	overlap := flag.Bool("overlap", false, "one long call, and a second one sent while it runs "+
 		"once a line arrives on stdin (the first call's progress is announced on stdout)")
@@ -55,14 +59,34 @@ func main() {
 		overlapping(ctx, session, *steps, firstProgress, &progress)
 		return
 	}
+	closed := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(closed)
+	}()
 	var calls []call
-	end := time.Now().Add(time.Duration(*seconds * float64(time.Second)))
-	for n := 1; time.Now().Before(end); n++ {
+	for n := 1; ; n++ {
+		last := isClosed(closed) // this call began after stdin closed: it is the last one
 		calls = append(calls, callWork(ctx, session, n, *steps, &progress))
+		if n == 1 {
+			fmt.Println(`{"called": 1}`)
+		}
+		if last {
+			break
+		}
 	}
 	out, _ := json.Marshal(map[string]any{"session": session.ID(), "calls": calls})
 	fmt.Println(string(out))
 	_ = session.Close()
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func callWork(ctx context.Context, session *mcp.ClientSession, n, steps int, progress *atomic.Int64) call {

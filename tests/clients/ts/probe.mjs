@@ -1,16 +1,23 @@
-// The official MCP TypeScript SDK client, used as any user would: one session, calls back to
-// back for a while, then one JSON line with every call's outcome. The tests run it across a
-// rolling deploy of mcp-epoch servers; nothing here knows about mcp-epoch.
+// The official MCP TypeScript SDK client, used as any user would: one session and calls back to
+// back, then one JSON line with every call's outcome. The tests run it across a rolling deploy
+// of mcp-epoch servers; nothing here knows about mcp-epoch.
+//
+// It is driven by its stdin, never by a clock, so a slow machine changes nothing it proves:
+// `{"called": 1}` goes to stdout once the first call has ended, and once stdin closes the
+// probe ends the call in flight, makes one more (begun after the close), and stops.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
-const [url, seconds = "10", steps = "10"] = process.argv.slice(2);
+const [url, steps = "10"] = process.argv.slice(2);
+let closed = false;
+process.stdin.on("end", () => { closed = true; });
+process.stdin.resume();
 const client = new Client({ name: "ts-probe", version: "1" });
 const transport = new StreamableHTTPClientTransport(new URL(url));
 await client.connect(transport);
 const calls = [];
-const end = Date.now() + Number(seconds) * 1000;
-for (let n = 1; Date.now() < end; n++) {
+for (let n = 1; ; n++) {
+  const last = closed; // this call began after stdin closed: it is the last one
   const began = Date.now();
   let progress = 0;
   try {
@@ -23,6 +30,9 @@ for (let n = 1; Date.now() < end; n++) {
   } catch (error) {
     calls.push({ n, ok: false, ms: Date.now() - began, progress, error: String(error) });
   }
+  if (n === 1) console.log(JSON.stringify({ called: 1 }));
+  if (last) break;
 }
 console.log(JSON.stringify({ session: transport.sessionId, calls }));
 await client.close();
+process.exit(0);
