@@ -41,6 +41,8 @@ async def _first_call(proc: asyncio.subprocess.Process) -> None:
 
 async def _stop_probe(proc: asyncio.subprocess.Process) -> dict[str, Any]:
     """Close the probe's stdin: it makes one more call, begun now, and reports every call."""
+    assert proc.stdin is not None
+    proc.stdin.close()
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, f"the probe exited {proc.returncode}: {err.decode()[-3000:]}"
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
