@@ -217,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  round {rnd + 1:2}: "
                     + "  ".join(f"{s} {servers[s].busy[-1].per_sec:6.1f}" for s in VARIANTS)
-                    + " calls/s",
+                    + " calls/s, CPU "
+                    + " ".join(f"{servers[s].cpu_ms[-1]:.2f}" for s in VARIANTS)
+                    + " ms per call",
                     flush=True,
                 )
         finally:
