@@ -162,6 +162,11 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         for line in failed:
             log(f"FAILED: {line}")
+        if args.workdir is None:
+            log(
+                "(run with --workdir DIR to keep every call that went wrong, with what it "
+                "accepted, and each replica's log: a run's timing is not set by its seed)"
+            )
     else:
         log("OK: " + report.success_line({f.kind for f in results}))
     if args.report is not None:
