@@ -275,6 +275,8 @@ class PodProcess:
     #: exited, its last sidecar exited (the kubelet's order, as the tests check it).
     hook_done_at: float | None = None
     main_exited_at: float | None = None
+    #: Set as the main container is sent SIGTERM, its preStop hook done: its drain begins.
+    sigterm_sent: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     sidecars_exited_at: float | None = None
     ip: str = "127.0.0.1"
     in_rotation: bool = False  # the balancer routes to it
@@ -658,6 +660,7 @@ class PodRunner:
                 await asyncio.sleep(min(pp.prestop, pp.grace))
                 hooked = True
             pp.hook_done_at = time.monotonic()
+            pp.sigterm_sent.set()
             await _stop(main, max(deadline - time.monotonic(), 2.0 if hooked else 0.1))
         pp.main_exited_at = time.monotonic()
         for proc in reversed(pp.sidecar_procs):
@@ -712,6 +715,7 @@ class PodRunner:
             return
         if proc.returncode is None:
             left = max(pp.grace - (time.monotonic() - began), 2.0 if pp.prestop else 0.1)
+            pp.sigterm_sent.set()
             await _stop(proc, left)
         self._leave_rotation(pp)  # a stopped process is unreachable, endpoints or not
         if proc.stdout is not None:  # what the process said on its way out (its drain)

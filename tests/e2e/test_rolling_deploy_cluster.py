@@ -208,9 +208,10 @@ def test_rolling_deploy_on_kubernetes_naive_fails_mcp_epoch_holds(
 
 
 async def _kill_a_draining_pod(fleet: KubernetesFleet) -> None:
-    """SIGKILL the process of the first pod the rollout deletes, a moment into its drain (as
-    the OOM killer or a lost node would): it hands nothing more on, and whatever it still
-    held is gone for real."""
+    """SIGKILL the process of the first pod the rollout deletes, as its drain begins (as the
+    OOM killer or a lost node would): it hands nothing more on, and whatever it still held is
+    gone for real. The kill follows the runner's SIGTERM, not a clock: a drain can end within
+    half a second, and a kill timed after the preStop hook once found the process gone."""
 
     def draining() -> list[PodProcess]:
         return [
@@ -221,11 +222,11 @@ async def _kill_a_draining_pod(fleet: KubernetesFleet) -> None:
 
     await fleet.runner.wait_until(lambda: bool(draining()), 60, "a pod of the rollout draining")
     victim = draining()[0]
-    await asyncio.sleep(victim.prestop + 0.5)  # fault timing: past its preStop, mid-drain
+    await victim.sigterm_sent.wait()  # past its preStop: its drain has begun
     if victim.alive is not None and victim.alive.returncode is None:
         os.killpg(victim.alive.pid, signal.SIGKILL)
         fleet.killed.append(victim.pod)
-        print(f"  killed pod {victim.pod}'s process (SIGKILL) in the middle of its drain")
+        print(f"  killed pod {victim.pod}'s process (SIGKILL) as its drain began")
 
 
 def test_a_pod_killed_mid_rollout_loses_only_what_it_held(

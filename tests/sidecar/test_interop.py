@@ -290,23 +290,19 @@ def test_an_upstream_that_closes_its_stream_is_resumed_from_its_own_cursor(
 def test_the_sdk_clients_of_three_languages_call_through_the_sidecar(
     fronted: tuple[Proc, Sidecar],
 ) -> None:
-    """The TypeScript and Go SDK clients (their probes: calls with progress, back to back)
-    and the Python SDK client (an elicitation answered mid-call), all through the sidecar."""
+    """The TypeScript and Go SDK clients (their probes: calls with progress, back to back,
+    until their stdin closes) and the Python SDK client (an elicitation answered mid-call),
+    all through the sidecar at once."""
     _, sidecar = fronted
+    pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
     procs = {
-        "ts": subprocess.Popen(
-            [*ts_probe(), sidecar.url, "2", "5"], stdout=subprocess.PIPE, text=True
-        ),
-        "go": subprocess.Popen(
-            [*go_probe(), "-url", sidecar.url, "-seconds", "2", "-steps", "5"],
-            stdout=subprocess.PIPE,
-            text=True,
-        ),
+        "ts": subprocess.Popen([*ts_probe(), sidecar.url, "5"], **pipes),
+        "go": subprocess.Popen([*go_probe(), "-url", sidecar.url, "-steps", "5"], **pipes),
     }
     token = anyio.run(_python_client_call, sidecar.url)
     assert (token.uid, token.call, token.kind, token.n) == ("py", "e1", "done", 4)
     for name, proc in procs.items():
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=60)  # closes stdin: one more call, then the report
         assert proc.returncode == 0, name
         calls = json.loads(out.strip().splitlines()[-1])["calls"]
         assert calls and all(c["ok"] and c["progress"] == 5 for c in calls), (name, calls)
