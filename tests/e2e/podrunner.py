@@ -275,9 +275,9 @@ class PodProcess:
     #: exited, its last sidecar exited (the kubelet's order, as the tests check it).
     hook_done_at: float | None = None
     main_exited_at: float | None = None
+    sidecars_exited_at: float | None = None
     #: Set as the main container is sent SIGTERM, its preStop hook done: its drain begins.
     sigterm_sent: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    sidecars_exited_at: float | None = None
     ip: str = "127.0.0.1"
     in_rotation: bool = False  # the balancer routes to it
     endpoint_ready: bool = False  # its EndpointSlice endpoint has been ready
