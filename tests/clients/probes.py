@@ -69,3 +69,11 @@ def go_binary(src: Path, name: str) -> list[str]:
 def go_probe() -> list[str]:
     """The probe built against the pinned ``github.com/modelcontextprotocol/go-sdk``."""
     return go_binary(HERE / "go", "go-probe")
+
+
+def probe_calls(language: str, url: str, steps: int) -> list[str]:
+    """The ``ts`` or ``go`` probe making calls of ``steps`` progress steps on ``url`` until its
+    stdin closes (each probe takes its arguments in its own way)."""
+    if language == "go":
+        return [*go_probe(), "-url", url, "-steps", str(steps)]
+    return [*ts_probe(), url, str(steps)]

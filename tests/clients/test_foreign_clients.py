@@ -24,7 +24,7 @@ from epochsvc.demo.balancer import Balancer
 from epochsvc.demo.checker import Token
 from epochsvc.demo.fleet import LocalProcessFleet
 from epochsvc.demo.service import EpochService
-from tests.clients.probes import go_probe, ts_probe
+from tests.clients.probes import go_probe, probe_calls
 
 STEPS = 8  # 0.8 s per call, with a progress notification per step
 
@@ -49,7 +49,8 @@ async def _stop_probe(proc: asyncio.subprocess.Process) -> dict[str, Any]:
     return result
 
 
-async def _deploy_under(probes: dict[str, list[str]], workdir: Path) -> tuple[Any, ...]:
+async def _deploy_under(probes: list[str], workdir: Path) -> tuple[Any, ...]:
+    """``probes``: the probes' names, each starting with its language (``ts-1``, ``go-2``)."""
     service = EpochService(workdir)
     service.start()
     lb = Balancer("request")
@@ -59,16 +60,10 @@ async def _deploy_under(probes: dict[str, list[str]], workdir: Path) -> tuple[An
     try:
         await fleet.start(3)
         first = {r.backend.name for r in fleet.replicas()}
-        for name, cmd in probes.items():
-            args = (
-                ["-url", lb.url, "-steps", str(STEPS)]
-                if name.startswith("go")
-                else [lb.url, str(STEPS)]
-            )
+        for name in probes:
             procs.append(
                 await asyncio.create_subprocess_exec(
-                    *cmd,
-                    *args,
+                    *probe_calls(name.split("-")[0], lb.url, STEPS),
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE,
@@ -93,7 +88,7 @@ async def _deploy_under(probes: dict[str, list[str]], workdir: Path) -> tuple[An
 
 @pytest.mark.timeout(300)
 def test_sdk_clients_keep_their_sessions_through_a_rolling_deploy(tmp_path: Path) -> None:
-    probes = {"ts-1": ts_probe(), "ts-2": ts_probe(), "go-1": go_probe(), "go-2": go_probe()}
+    probes = ["ts-1", "ts-2", "go-1", "go-2"]
     results, first, replicas = asyncio.run(_deploy_under(probes, tmp_path))
     for name, result in results.items():
         calls = result["calls"]

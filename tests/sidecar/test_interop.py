@@ -22,7 +22,7 @@ import pytest
 from mcp import Client
 
 from epochsvc.demo.checker import Token
-from tests.clients.probes import go_probe, ts_probe
+from tests.clients.probes import probe_calls
 from tests.replica.conftest import Sse, parse_sse
 from tests.sidecar.upstreams import KINDS, Proc, Sidecar, start_sidecar, start_upstream
 
@@ -296,8 +296,8 @@ def test_the_sdk_clients_of_three_languages_call_through_the_sidecar(
     _, sidecar = fronted
     pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
     procs = {
-        "ts": subprocess.Popen([*ts_probe(), sidecar.url, "5"], **pipes),
-        "go": subprocess.Popen([*go_probe(), "-url", sidecar.url, "-steps", "5"], **pipes),
+        "ts": subprocess.Popen(probe_calls("ts", sidecar.url, 5), **pipes),
+        "go": subprocess.Popen(probe_calls("go", sidecar.url, 5), **pipes),
     }
     token = anyio.run(_python_client_call, sidecar.url)
     assert (token.uid, token.call, token.kind, token.n) == ("py", "e1", "done", 4)
