@@ -100,8 +100,11 @@ class ReplayBuffer:
         return self._event(seq)
 
     def message_of(self, seq: int) -> Any:
-        """The message kept for event ``seq`` while it is buffered, else ``None``."""
-        if self.oldest_seq <= seq < self.next_seq:  # the range ``get`` reads
+        """The message kept for event ``seq`` while it is buffered, else ``None``. The range
+        ``get`` reads, spelt out: the SDK's writer asks this for every event it sends, and the
+        :attr:`oldest_seq` property was a second call in Python each time."""
+        end = self.next_seq
+        if 0 < seq < end and seq >= end - self._capacity:
             return self._messages[seq % self._capacity]
         return None
 

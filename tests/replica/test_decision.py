@@ -164,3 +164,16 @@ def test_buffer_memory_is_bounded_and_replay_is_the_exact_suffix() -> None:
     assert [e.message for e in plan.events] == list(range(100_000 - 10, 100_000))
     with pytest.raises(ResumptionGap):
         decide(f"{OWN}:{100_000 - 100}", OWN, buf, EpochSnapshot(), "A")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=1, max_value=8), st.integers(min_value=0, max_value=30))
+def test_message_of_reads_exactly_what_get_reads(capacity: int, appended: int) -> None:
+    """The writer's lookup (``message_of``, spelt out for speed) holds the same events as
+    ``get``: nothing evicted, never issued, zero or negative."""
+    buf = ReplayBuffer(capacity)
+    for i in range(appended):
+        buf.append("A", "s", f"m{i + 1}")
+    for seq in range(-2, appended + 3):
+        got = buf.get(seq)
+        assert buf.message_of(seq) == (None if got is None else got.message)
