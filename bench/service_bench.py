@@ -124,15 +124,13 @@ def _measure(
         results["healthz", clients] = run([f"{svc.url}/healthz"], clients=clients, seconds=seconds)
         for rnd in range(rounds if clients == 8 else 1):
             before = _commit_totals(svc)
-            floored = None
+            beside = floor if clients == 8 else None
             if rnd % 2:
                 issued = _issue([svc], clients, seconds)
                 looked = _lookup([svc], epochs, clients, seconds)
-                if floor is not None and clients == 8:
-                    floored = floor()
+                floored = beside() if beside else None
             else:
-                if floor is not None and clients == 8:
-                    floored = floor()
+                floored = beside() if beside else None
                 looked = _lookup([svc], epochs, clients, seconds)
                 issued = _issue([svc], clients, seconds)
             results["lookup", clients], results["issue", clients] = looked, issued

@@ -127,7 +127,7 @@ class GroupCommitter:
         writer never waits for the event loop between commits, which only hears the outcomes
         (in commit order)."""
         while (batch := self._next_batch()) is not None:
-            began = time.monotonic()
+            spent = self.stats.seconds  # _commit adds its own time (only this thread writes it)
             try:
                 outcomes = self._commit([op for op, _ in batch])
             except Exception as exc:
@@ -138,7 +138,7 @@ class GroupCommitter:
                 # Writers come back as a group: those this commit answers, and those queued
                 # behind it.
                 self._group = len(batch) + len(self._queued)
-                self._gather = min(MAX_GATHER, (time.monotonic() - began) / 2)
+                self._gather = min(MAX_GATHER, (self.stats.seconds - spent) / 2)
 
     def _next_batch(self) -> Batch | None:
         """What the next commit carries (None: closed, and nothing is left).
