@@ -16,6 +16,15 @@ from tests.replica.conftest import ServerProc
 pytestmark = pytest.mark.anyio
 
 
+def _set_on_progress(event: anyio.Event) -> Any:
+    """A progress callback that says the call has started running on its server."""
+
+    async def on_progress(p: float, total: float | None, msg: str | None) -> None:
+        event.set()
+
+    return on_progress
+
+
 async def test_sdk_client_resumes_transparently_on_same_process(server: ServerProc) -> None:
     progress: list[float] = []
 
@@ -44,10 +53,15 @@ async def test_helper_fails_pending_call_fast_and_continues_on_fresh_session(
     async with EpochClient(first.url, min_backoff=0.05) as client:
         sid_before = client.session_id
         failed_at: list[float] = []
+        running = anyio.Event()
 
         async def long_call() -> None:
             try:
-                await client.call_tool("countdown", {"n": 200, "delay": 0.05, "close_after": 3})
+                await client.call_tool(
+                    "countdown",
+                    {"n": 200, "delay": 0.05, "close_after": 3},
+                    progress_callback=_set_on_progress(running),
+                )
             except ResumptionRejected as exc:
                 failed_at.append(time.monotonic())
                 assert exc.reason == "unknown"
@@ -56,7 +70,9 @@ async def test_helper_fails_pending_call_fast_and_continues_on_fresh_session(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(long_call)
-            await anyio.sleep(0.5)
+            # Only once the call runs: a call refused before it ran is retried, not failed.
+            with anyio.fail_after(30):
+                await running.wait()
             # The process that owes the answer dies; another process takes its address.
             first.stop()
             second = server_factory(port=port)
@@ -83,15 +99,23 @@ async def test_helper_fails_pending_call_within_a_second(server_factory: Any) ->
 
         client._on_response = spy  # type: ignore[method-assign]
         done: list[float] = []
+        running = anyio.Event()
 
         async def long_call() -> None:
             with pytest.raises(ResumptionRejected):
-                await client.call_tool("countdown", {"n": 200, "delay": 0.05, "close_after": 2})
+                await client.call_tool(
+                    "countdown",
+                    {"n": 200, "delay": 0.05, "close_after": 2},
+                    progress_callback=_set_on_progress(running),
+                )
             done.append(time.monotonic())
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(long_call)
-            await anyio.sleep(0.4)
+            # Only once the call runs: a call refused before it ran (its POST met the deleted
+            # session) is safely retried on a fresh session, not failed.
+            with anyio.fail_after(30):
+                await running.wait()
             # Make the server forget the session: DELETE it behind the client's back.
             sid = client.session_id
             assert sid is not None

@@ -37,8 +37,11 @@ def test_live_view_follows_changes_and_survives_service_restart(
         t0 = time.monotonic()
         assert view.snapshot.epochs[e1].state == "live"
         assert time.monotonic() - t0 < 0.01
-        time.sleep(0.5)
-        assert view.last_error is not None and view.snapshot.epochs[e1].state == "live"
+        deadline = time.monotonic() + 10
+        while view.last_error is None:  # the copy notices the service has gone
+            assert time.monotonic() < deadline, "the copy never noticed the service was down"
+            time.sleep(0.05)
+        assert view.snapshot.epochs[e1].state == "live"
         svc.start()  # same ledger file, same port
         svc.send(api.drain(e1))
         assert view.wait_for(lambda s: _state_of(s, e1) == "draining", 15)
@@ -47,7 +50,10 @@ def test_live_view_follows_changes_and_survives_service_restart(
         assert view.snapshot.ledger_id == ledger
         # Another server's epochs never show up in this server's copy.
         other = svc.live("ns", "other", "c")
-        time.sleep(0.3)
+        # Changes reach the copy in ledger order: once a later one of this server's is there,
+        # the other server's would have been too.
+        e3 = svc.live("ns", "srv", "d")
+        assert view.wait_for(lambda s: _state_of(s, e3) == "live", 10)
         assert other not in view.snapshot.epochs
     finally:
         view.stop()
