@@ -18,6 +18,7 @@ from epochsvc.service.auth import Authenticator, KubernetesAuth, Tokens
 from epochsvc.service.errors import install_error_handlers
 from epochsvc.service.held import HeldPolls
 from epochsvc.service.identity import SA_PREFIX, ApiServer, TokenReviewer
+from epochsvc.service.leanissue import LeanIssue
 from epochsvc.service.limits import BodyLimit
 from epochsvc.service.listings import RenderedLists
 from epochsvc.service.longpoll import ChangeNotifier, ring_revision, ring_revisions
@@ -89,24 +90,27 @@ async def _sweep_forever(app: FastAPI) -> None:
 
 class ServiceApp(FastAPI):
     """The service's app. Its :attr:`front` is what a server should run: the app behind the
-    front that holds long polls (:mod:`.held`); calling the app itself goes through it too."""
+    front that holds long polls (:mod:`.held`) and answers right issues (:mod:`.leanissue`);
+    calling the app itself goes through it too."""
 
-    _front: HeldPolls | None = None
+    _front: LeanIssue | None = None
 
     def build_middleware_stack(self) -> ASGIApp:
         """Outside the framework's own layers: every request's latency."""
         return ObserveLatency(super().build_middleware_stack(), self.state.metrics)
 
     @property
-    def front(self) -> HeldPolls:
+    def front(self) -> LeanIssue:
         """The front for long polls held after the routes checked them, outside even the
-        framework's own calls, so that a held poll keeps none of their frames. Served
-        directly (``serve`` does), a held poll keeps not even this app's call."""
+        framework's own calls, so that a held poll keeps none of their frames; and, outside
+        that, the lean path of issuing. Served directly (``serve`` does), neither keeps even
+        this app's call."""
         if self._front is None:
             metrics: Metrics = self.state.metrics
-            self._front = HeldPolls(
+            held = HeldPolls(
                 super().__call__, self.exception_handlers, observe=metrics.observe_request
             )
+            self._front = LeanIssue(held, self)
         return self._front
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -18,7 +18,7 @@ import hmac
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -104,8 +104,14 @@ async def authenticate(auth: Authenticator, token: str) -> Caller:
 
 
 async def caller(request: Request) -> Caller:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    return await caller_of(request.app.state, request.headers.get("authorization", ""))
+
+
+async def caller_of(state: Any, authorization: str) -> Caller:
+    """The caller an ``Authorization`` header stands for, with ``state`` the app's (its
+    ``auth`` and its ``metrics``, which count a refusal): 401 without a bearer token, 403 for
+    one that stands for nobody here."""
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(
             401,
@@ -115,16 +121,21 @@ async def caller(request: Request) -> Caller:
             _CHALLENGE,
         )
     try:
-        return await authenticate(request.app.state.auth, token.strip())
+        return await authenticate(state.auth, token.strip())
     except ApiError as exc:
-        request.app.state.metrics.auth_refused.labels(exc.code).inc()
+        state.metrics.auth_refused.labels(exc.code).inc()
         raise
 
 
-async def require_operator(who: Annotated[Caller, Depends(caller)]) -> Caller:
+def operator_only(who: Caller) -> Caller:
+    """403 unless ``who`` is the operator."""
     if not who.is_operator:
         raise ApiError(403, "forbidden", "this call is the operator's")
     return who
+
+
+async def require_operator(who: Annotated[Caller, Depends(caller)]) -> Caller:
+    return operator_only(who)
 
 
 AnyCaller = Annotated[Caller, Depends(caller)]

@@ -5,16 +5,20 @@ Callers get a stable ``code`` they can branch on; nothing a caller sends may pro
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 from starlette.routing import Match
+from starlette.types import Receive, Scope, Send
 
 from epochsvc.service.lifecycle import LifecycleError
 from epochsvc.service.store.base import RequestConflict, StoreUnavailable, UnknownEpoch
@@ -37,6 +41,29 @@ def error_response(
     status: int, code: str, message: str, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
     return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
+
+
+Handler = Callable[[Request, Any], Response | Awaitable[Response]]
+
+
+async def answer_by_handlers(
+    handlers: Mapping[Any, Handler], exc: Exception, scope: Scope, receive: Receive, send: Send
+) -> int:
+    """Answer ``exc`` as the app would: with the handler of the nearest class in its ancestry.
+    For what is answered outside the framework's frames (held polls, the lean issue path), so
+    that every error still has the one answer its handler gives. Re-raises ``exc`` when no
+    handler takes it. Returns the status sent."""
+    for cls in type(exc).__mro__:
+        handler = handlers.get(cls)
+        if handler is not None:
+            break
+    else:
+        raise exc
+    response = handler(Request(scope, receive), exc)
+    if inspect.isawaitable(response):
+        response = await response
+    await response(scope, receive, send)
+    return response.status_code
 
 
 _HTTP_CODES = {

@@ -17,14 +17,14 @@ answered by the app's own exception handlers, the same ones as for every other r
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from epochsvc.service.errors import Handler, answer_by_handlers
 
 #: The scope key under which :class:`HeldPolls` takes the request's :class:`HeldResponse`.
 HOLD = "epochsvc.hold"
@@ -41,8 +41,6 @@ _KEPT = frozenset(
         *("app", "route", HOLD),
     }
 )
-
-Handler = Callable[[Request, Any], Response | Awaitable[Response]]
 
 
 class Waiting(Protocol):
@@ -146,21 +144,7 @@ class HeldPolls:
                 got = result if type(result) is bytes else await got.finish(result)
             status = await held.send_body(got, send)
         except Exception as exc:
-            handler = self._handler(exc)
-            if handler is None:
-                raise
-            response = handler(Request(scope, receive), exc)
-            if inspect.isawaitable(response):
-                response = await response
-            await response(scope, receive, send)
-            status = response.status_code
+            status = await answer_by_handlers(self.handlers, exc, scope, receive, send)
         finally:
             if self.observe is not None:
                 self.observe(scope, status, started)
-
-    def _handler(self, exc: Exception) -> Handler | None:
-        """The handler the app would pick: the nearest class in the exception's ancestry."""
-        for cls in type(exc).__mro__:
-            if cls in self.handlers:
-                return self.handlers[cls]
-        return None

@@ -127,9 +127,13 @@ class Metrics:
     def observe_request(self, scope: Scope, status: int, started: float) -> None:
         """One request, answered with ``status``, begun at ``started`` (``perf_counter``),
         by route template (not raw path, which would make one series per epoch)."""
-        route = getattr(scope.get("route"), "path", "unmatched")
-        series = self.latency.labels(scope["method"], route, str(status))
-        series.observe(time.perf_counter() - started)
+        self.observe(
+            scope["method"], getattr(scope.get("route"), "path", "unmatched"), status, started
+        )
+
+    def observe(self, method: str, route: str, status: int, started: float) -> None:
+        """One request to ``route`` (its template), answered outside the routes' own frames."""
+        self.latency.labels(method, route, str(status)).observe(time.perf_counter() - started)
 
     def store_answered(self, up: bool) -> None:
         """What the service just learnt of its store; a 503 it causes is counted too."""

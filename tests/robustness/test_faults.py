@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from epochsvc.service.app import create_app
 from epochsvc.service.settings import Settings
@@ -21,6 +19,7 @@ from tests.robustness import linearizability
 from tests.robustness.faults import SCENARIOS, Scenario, run
 from tests.robustness.history import Op, load, save
 from tests.robustness.workload import Workload
+from tests.support.served import served
 
 SHORT = 1500
 
@@ -117,26 +116,17 @@ def _served_with_stale_lookups(url: str, token: str) -> Iterator[str]:
         database_url=url, auth="static", operator_token=token, replica_token="r" + token
     )
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        threading.Event().wait(0.02)
-    store = app.state.store
-    real_get, seen = store.get, {}
+    with served(app) as url:
+        store = app.state.store
+        real_get, seen = store.get, {}
 
-    async def stale_get(generation: int):  # type: ignore[no-untyped-def]
-        if generation not in seen:
-            seen[generation] = await real_get(generation)
-        return seen[generation]
+        async def stale_get(generation: int):  # type: ignore[no-untyped-def]
+            if generation not in seen:
+                seen[generation] = await real_get(generation)
+            return seen[generation]
 
-    store.get = stale_get
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+        store.get = stale_get
+        yield url
 
 
 def test_a_store_that_serves_stale_reads_fails_the_check(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
 
 from epochsvc.service.app import create_app
 from epochsvc.service.settings import Settings
+from tests.support.served import served
 
 TOKEN = "o" * 32
 ROUTE = "/v1/servers/{namespace}/{server}/epochs"
@@ -34,18 +33,8 @@ def _served(tmp_path: Path) -> Iterator[tuple[FastAPI, str]]:
         replica_token="r" * 32,
     )
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    started = threading.Event()
-    while not server.started:
-        started.wait(0.02)  # uvicorn offers no event for "listening"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield app, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with served(app) as url:
+        yield app, url
 
 
 def _count(metrics: str, status: str) -> float:

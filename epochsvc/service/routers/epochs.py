@@ -20,7 +20,7 @@ from epochsvc.service.deps import (
     parse_any_epoch,
 )
 from epochsvc.service.errors import ApiError
-from epochsvc.service.issued import announce_issued
+from epochsvc.service.issued import issue_one
 from epochsvc.service.lifecycle import Action, State
 from epochsvc.service.models import epoch_of, fields_of
 from epochsvc.service.store.base import UnknownEpoch
@@ -65,12 +65,10 @@ async def issue_epoch(
 ) -> Epoch:
     """Issue a pod epoch for an admission request; the same ``request_uid`` gets the same epoch
     (200 instead of 201)."""
-    record, created = await store.issue(body.namespace, body.server, body.request_uid)
-    if created:
-        announce_issued(notifier, metrics, body.namespace, body.server, [record])
-    else:
+    epoch, created = await issue_one(store, notifier, metrics, body)
+    if not created:
         response.status_code = status.HTTP_200_OK
-    return epoch_of(record)
+    return epoch
 
 
 async def _transition(
