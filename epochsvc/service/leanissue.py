@@ -66,7 +66,9 @@ class LeanIssue:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        headers = dict(scope["headers"])
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name, value)  # the first of a repeated field, as Starlette reads
         declared = headers.get(b"content-length", b"")
         if not declared.isdigit() or int(declared) > self.max_bytes or not _is_json(headers):
             await self.app(scope, receive, send)
@@ -81,7 +83,7 @@ class LeanIssue:
             return
         state = self.service.state
         scope["app"] = self.service
-        status = 500
+        status: int | None = 500
         try:
             operator_only(
                 await caller_of(state, headers.get(b"authorization", b"").decode("latin-1"))
@@ -89,6 +91,7 @@ class LeanIssue:
             try:
                 request = IssueRequest.model_validate(parsed)
             except ValidationError:
+                status = None  # the app answers, and observes, the route's own refusal
                 await self._to_app(scope, receive, send, body)
                 return
             epoch, created = await issue_one(state.store, state.notifier, state.metrics, request)
@@ -101,7 +104,9 @@ class LeanIssue:
             status = await answer_by_handlers(
                 self.service.exception_handlers, exc, scope, receive, send
             )
-        state.metrics.observe("POST", self.path, status, started)
+        finally:
+            if status is not None:
+                state.metrics.observe("POST", self.path, status, started)
 
     async def _read(self, receive: Receive) -> bytes:
         """The body, as declared (the server frames it by ``Content-Length``)."""

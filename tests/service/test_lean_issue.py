@@ -130,6 +130,14 @@ REFUSED: dict[str, tuple[dict[str, Any], str | None]] = {
     "a malformed name": ({"json": {**_issue("x"), "server": "Not_A_Name"}}, None),
     "a missing field": ({"json": {"namespace": "ns", "server": "srv"}}, None),
     "a body over the limit": ({"json": _issue("x" * MAX_BODY)}, None),
+    # A repeated field is read as Starlette reads it: the first one.
+    "the replica's token, then the operator's": (
+        {
+            "json": _issue("x"),
+            "headers": [("authorization", f"Bearer {REPLICA}"), *BEARER.items()],
+        },
+        None,
+    ),
     "bad JSON and no credentials": ({"content": b"{", "headers": AS_JSON}, None),
     "a bad body and a token of nobody": (
         {"json": {"namespace": 7}, "headers": {"authorization": "Bearer " + "z" * 32}},
