@@ -10,6 +10,7 @@ import httpx
 
 from tests.conftest import ServiceFactory
 from tests.support.epochsvc_proc import EpochServiceProcess
+from tests.support.metrics import sample
 from tests.support.postgres import PostgresServer
 
 
@@ -135,6 +136,12 @@ def test_two_service_processes_on_one_postgres(
         assert ca.get("/readyz").json()["ledger_id"] == cb.get("/readyz").json()["ledger_id"]
 
 
+async def _waiters(client: httpx.Client) -> float | None:
+    """How many long polls the service behind ``client`` holds now."""
+    text = (await asyncio.to_thread(client.get, "/metrics")).text
+    return sample(text, "epochsvc_longpoll_waiters")
+
+
 def test_long_poll_sees_changes_from_another_service_process(
     service_factory: ServiceFactory, postgres: PostgresServer
 ) -> None:
@@ -154,7 +161,12 @@ def test_long_poll_sees_changes_from_another_service_process(
 
         async def scenario() -> tuple[float, dict[str, object]]:
             task = asyncio.create_task(poll_a())
-            await asyncio.sleep(0.5)
+            # Written only once A holds the poll: what is tested is a held poll woken by
+            # another process's write, not a poll that arrives after it.
+            deadline = time.monotonic() + 10
+            while await _waiters(ca) != 1.0:
+                assert time.monotonic() < deadline, "the long poll was never held"
+                await asyncio.sleep(0.02)
             await asyncio.to_thread(
                 cb.post,
                 "/v1/epochs",
