@@ -93,13 +93,17 @@ ProcessEpochPath = Annotated[
 ]
 
 
+def is_json(content_type: str) -> bool:
+    """Whether a ``Content-Type`` value names JSON (its parameters aside)."""
+    return content_type.split(";", 1)[0].strip().lower() == "application/json"
+
+
 async def json_body(request: Request) -> None:
     """Bodies are JSON: say so clearly rather than failing validation of raw bytes."""
     has_body = request.headers.get("content-length", "0") != "0" or (
         "transfer-encoding" in request.headers
     )
-    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if has_body and ctype != "application/json":
+    if has_body and not is_json(request.headers.get("content-type", "")):
         raise ApiError(
             415,
             "unsupported-media-type",

@@ -35,14 +35,10 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from epochsvc.service.auth import caller_of, operator_only
+from epochsvc.service.deps import is_json
 from epochsvc.service.errors import answer_by_handlers
 from epochsvc.service.issued import issue_one
 from mcp_epoch.api import IssueRequest
-
-
-def _is_json(headers: dict[bytes, bytes]) -> bool:
-    ctype = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
-    return ctype == b"application/json"
 
 
 class LeanIssue:
@@ -70,7 +66,8 @@ class LeanIssue:
         for name, value in scope["headers"]:
             headers.setdefault(name, value)  # the first of a repeated field, as Starlette reads
         declared = headers.get(b"content-length", b"")
-        if not declared.isdigit() or int(declared) > self.max_bytes or not _is_json(headers):
+        ctype = headers.get(b"content-type", b"").decode("latin-1")
+        if not declared.isdigit() or int(declared) > self.max_bytes or not is_json(ctype):
             await self.app(scope, receive, send)
             return
         body = await self._read(receive)
