@@ -67,7 +67,7 @@ def commit_breakdown(before: dict[str, float], after: dict[str, float], dialect:
     if not commits:
         return "no group commit in the run"
     per = {k: (after[k] - before[k]) / commits for k in after if k != "commits"}
-    # Round trips as the committer counts them: BEGIN, COMMIT and (PostgreSQL) the pool's ping
+    # Round trips as the committer counts them: BEGIN, COMMIT and (PostgreSQL) an idle writer's ping
     # included, several statements in one when pipelined; on SQLite each is a library call.
     return (
         f"{commits:.0f} commits: {per['commit_writes']:.1f} writes, "

@@ -137,6 +137,16 @@ class PostgresServer:
         if done.returncode != 0:
             raise RuntimeError(f"psql -f {dump} failed: {done.stderr.strip()}")
 
+    def drop_connections(self, url: str) -> None:
+        """Close every connection to the database at ``url`` from the server's side, as its
+        restart would, while the server stays up."""
+        database = url.rsplit("/", 1)[1]
+        self._psql(
+            "-c",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{database}' AND pid <> pg_backend_pid()",
+        ).check_returncode()
+
     def _postmaster_pid(self) -> int:
         """The server's own PID (``self.proc`` may be ``runuser`` or ``ip netns exec``)."""
         return int((self.data / "postmaster.pid").read_text().split()[0])

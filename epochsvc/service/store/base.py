@@ -62,8 +62,8 @@ class ServerSnapshot:
 class CommitStats:
     """Where a group commit's time goes, summed since start (``/metrics``, ``bench service``):
     per commit, the writes it carried, the statements it sent, the round trips they took
-    (BEGIN, COMMIT and the pool's ping included; several statements share one in a pipeline),
-    and the writer's time from BEGIN to the end of COMMIT."""
+    (BEGIN, COMMIT and the writer's ping after an idle spell included; several statements
+    share one in a pipeline), and the writer's time from BEGIN to the end of COMMIT."""
 
     commits: int = 0
     writes: int = 0

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection, Engine, event
 
@@ -61,6 +61,20 @@ def tally(statements: int, *, begins: bool = False, commits: bool = False) -> No
     _active.committed = _active.committed or commits
 
 
+class Closer(Protocol):
+    """How a transaction ends on this database beyond the ``COMMIT`` (PostgreSQL: the
+    change notification, :class:`.pipeline.Closing`)."""
+
+    def offer(self, conn: Connection) -> None:
+        """The unit about to run is the whole transaction: it may end it itself."""
+
+    def withdraw(self, conn: Connection) -> bool:
+        """The unit has run: take the offer back; whether the unit ended the transaction."""
+
+    def close(self, conn: Connection) -> None:
+        """End the transaction."""
+
+
 class NoChange(Exception):
     """Raised by an operation that turned out to be a legal no-op: its savepoint is rolled
     back (so no revision is spent) and ``value`` is its answer."""
@@ -76,10 +90,10 @@ class GroupCommitter:
         engine: Engine,
         wrap_errors: Callable[[BaseException], BaseException],
         on_commit: Callable[[list[Any]], None] | None = None,
-        before_commit: Callable[[Connection], None] | None = None,
+        closer: Closer | None = None,
     ) -> None:
         self._engine = engine
-        self._before_commit = before_commit
+        self._closer = closer
         self._wrap = wrap_errors
         self._on_commit = on_commit
         # Queued by the event loop, taken by the writer thread, under the condition's lock.
@@ -202,16 +216,16 @@ class GroupCommitter:
                 for unit in units:
                     for i, outcome in zip(unit.members, _isolated(conn, unit), strict=True):
                         outcomes[i] = outcome
-                if self._before_commit is not None:
-                    self._before_commit(conn)
+                if self._closer is not None:
+                    self._closer.close(conn)
             return outcomes
         finally:
             stats = self.stats
             # What no statement carried: COMMIT, and on PostgreSQL the BEGIN psycopg sends
-            # before the first statement and the pool's liveness ping at check-out.
+            # before the first statement.
             extra = 0 if _active.committed else 1
-            if self._postgres:
-                extra += 1 + (0 if _active.began else 1)
+            if self._postgres and not _active.began:
+                extra += 1
             stats.round_trips += extra
             _active.committer = None
             stats.commits += 1
@@ -220,14 +234,24 @@ class GroupCommitter:
 
     def _commit_one(self, unit: _Unit) -> list[tuple[bool, Any]]:
         """A batch of one unit has nothing its error could spoil: no savepoint (two round
-        trips fewer); an error or a no-op rolls the whole transaction back."""
+        trips fewer); an error or a no-op rolls the whole transaction back. Being the whole
+        transaction, the unit may also end it with its own last statements (``offer``)."""
+        closer = self._closer
         try:
             with self._engine.begin() as conn:
-                outcomes, stands = _run(conn, unit)
+                ended = False
+                if closer is not None:
+                    closer.offer(conn)
+                    try:
+                        outcomes, stands = _run(conn, unit)
+                    finally:
+                        ended = closer.withdraw(conn)
+                else:
+                    outcomes, stands = _run(conn, unit)
                 if not stands:
                     raise _RolledBack(outcomes)
-                if self._before_commit is not None:
-                    self._before_commit(conn)
+                if closer is not None and not ended:
+                    closer.close(conn)
         except _RolledBack as rolled_back:
             return rolled_back.outcomes
         return outcomes

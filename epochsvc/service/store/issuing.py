@@ -12,11 +12,12 @@ A request UID already in the ledger (an admission request retried) gets its epoc
 spends nothing; the same UID twice in one batch is issued once.
 
 On PostgreSQL, where each statement is a network round trip, the lookup, the bump and the
-insert are one statement (:data:`ISSUE_SQL`), sent in one pipeline with the lock before it:
-the whole issue is one round trip, ``BEGIN`` included (:mod:`.pipeline`). The lock is its own
-statement, ahead of the other, because under READ COMMITTED a statement sees what was committed
-when it began: the lookup must begin after the lock is held to see another process's issue
-for the same request.
+insert are one statement (:data:`ISSUE_SQL`), sent in one pipeline with the lock before it.
+A commit of issues alone is one round trip in all: ``BEGIN``, the lock, the issue, the change
+notification and ``COMMIT`` (:mod:`.pipeline`). The lock is its own statement, ahead of the
+other, because under READ COMMITTED a statement sees what was committed when it began: the
+lookup must begin after the lock is held to see another process's issue for the same
+request.
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ def _issue_pipelined(
         "state": State.PENDING.value,
         "now": time.time(),
     }
-    _, rows = pipeline.run(conn, [(LOCK_SQL, None), (ISSUE_SQL, params)])
+    # Nothing follows the issue in its transaction: alone in a commit, it carries the COMMIT.
+    _, rows = pipeline.run(conn, [(LOCK_SQL, None), (ISSUE_SQL, params)], last=True)
     found: dict[str, EpochRecord] = {}
     made: dict[str, EpochRecord] = {}
     for row in rows:

@@ -51,6 +51,7 @@ from epochsvc.service.store.engines import (
     driver_url,
     postgres_engine,
     postgres_revision_engine,
+    postgres_writer_engine,
     read_once_more,
     sqlite_engines,
 )
@@ -98,17 +99,15 @@ class SqlEpochStore(RingOperations, EpochStore):
         self.ledger_id = ""
         #: Names this process's change notifications, which its own follower skips.
         self._sender = uuid.uuid4().hex[:12]
-        self._change_notice = change_notice(self._sender)
-        # The same statement as text, sent with the COMMIT in one round trip.
+        # The same statement as text, sent with the COMMIT in one round trip: it announces
+        # each commit to the other processes' followers (PostgreSQL delivers it at commit).
         literal = {"literal_binds": True}
-        self._change_notice_sql = str(
-            self._change_notice.compile(dialect=writer.dialect, compile_kwargs=literal)
-        )
+        notice = change_notice(self._sender).compile(dialect=writer.dialect, compile_kwargs=literal)
         self._committer = GroupCommitter(
             writer,
             store_error,
             self._remember,
-            before_commit=self._notify if dialect == "postgresql" else None,
+            closer=pipeline.Closing([(str(notice), None)]) if dialect == "postgresql" else None,
         )
         self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="epochsvc-reader")
         self._mirror = LedgerMirror()
@@ -125,9 +124,10 @@ class SqlEpochStore(RingOperations, EpochStore):
             lock = FileLock.take(Path(durl.database or ""))
             store = cls(*sqlite_engines(durl), dialect="sqlite", file_lock=lock)
         else:
+            writer = postgres_writer_engine(durl)
             engine = postgres_engine(durl)
             revisions = postgres_revision_engine(durl)
-            store = cls(engine, engine, dialect="postgresql", revision_reader=revisions)
+            store = cls(writer, engine, dialect="postgresql", revision_reader=revisions)
         try:
             await store._call(store._initialise)
             await store._reload_mirror()
@@ -178,11 +178,6 @@ class SqlEpochStore(RingOperations, EpochStore):
 
         records, revision = await self._call(read)
         self._mirror.replace(records, revision)
-
-    def _notify(self, conn: Connection) -> None:
-        """Announce the commit to the other processes' followers, in the commit's own round
-        trip (PostgreSQL delivers it at commit)."""
-        pipeline.run(conn, [(self._change_notice_sql, None)], commit=True)
 
     def _remember(self, values: list[Any]) -> None:
         """After each group commit: this process's own writes are in its copy at once."""

@@ -15,10 +15,13 @@ from epochsvc.service.store import (
     RequestConflict,
     SqlEpochStore,
     UnknownEpoch,
+    engines,
     follower,
     open_store,
 )
+from epochsvc.service.store.base import StoreUnavailable
 from epochsvc.service.store.follower import own_revision
+from tests.support.postgres import PostgresServer
 
 pytestmark = pytest.mark.anyio
 
@@ -47,8 +50,9 @@ async def test_issue_is_idempotent_per_request_and_never_reuses_a_generation(
 
 
 async def test_a_burst_of_issues_shares_one_commit_and_each_request_gets_one_epoch(
-    store: SqlEpochStore,
+    store: SqlEpochStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(engines, "WRITER_IDLE_PING_SECONDS", 3600.0)  # no ping in the count
     before, _ = await store.issue("ns", "echo", "already")
     stats = store.commit_stats()
     commits, statements, trips = stats.commits, stats.statements, stats.round_trips
@@ -61,8 +65,8 @@ async def test_a_burst_of_issues_shares_one_commit_and_each_request_gets_one_epo
     # Lock, lookup, bump, insert (no savepoint: the batch is one unit), whatever the size.
     assert store.commit_stats().statements - statements <= 5
     if store.dialect == "postgresql":
-        # The pool's ping; BEGIN, the lock and the issue; the NOTIFY and COMMIT.
-        assert store.commit_stats().round_trips - trips == 3
+        # BEGIN, the lock, the issue, the NOTIFY and the COMMIT: one pipeline.
+        assert store.commit_stats().round_trips - trips == 1
     made = {uid: rec for uid, (rec, created) in zip(requests, answers, strict=True) if created}
     assert sorted(made) == sorted(uids)
     for uid, (rec, _) in zip(requests, answers, strict=True):
@@ -280,6 +284,50 @@ async def test_postgres_two_processes_stepping_one_ring_step_it_once(postgres: o
         assert max(s.ring.revision for s in steps) == 4
         ring, _ = await here.ring_status("ns", "echo")
         assert ring is not None and ring.phase.value == "steady" and len(ring.keys) == 1
+
+
+async def test_postgres_a_writer_connection_lost_while_idle_is_found_before_a_commit(
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer has no ping at every check-out (it cost a round trip a commit); a
+    connection idle for long is still pinged, so one the database dropped meanwhile costs
+    no write a failure."""
+    monkeypatch.setattr(engines, "WRITER_IDLE_PING_SECONDS", 0.0)  # every commit is "idle"
+    url = postgres.new_database()
+    store = await open_store(url)
+    try:
+        await store.issue("ns", "echo", "before")
+        postgres.drop_connections(url)
+        rec, created = await store.issue("ns", "echo", "after")
+        assert created and (await store.get(rec.generation)) == rec
+    finally:
+        await store.close()
+
+
+async def test_postgres_a_writer_connection_lost_mid_commit_fails_that_commit_only(
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the idle ping, the commit that finds the connection dead fails (503, nothing
+    written), and the connection is thrown away at once: the next commit succeeds, and the
+    pool never logs a failed reset of the dead one."""
+    monkeypatch.setattr(engines, "WRITER_IDLE_PING_SECONDS", 3600.0)
+    url = postgres.new_database()
+    store = await open_store(url)
+    try:
+        await store.issue("ns", "echo", "before")
+        revision = (await store.list_server("ns", "echo")).revision
+        postgres.drop_connections(url)
+        with pytest.raises(StoreUnavailable):
+            await store.issue("ns", "echo", "lost")
+        rec, created = await store.issue("ns", "echo", "after")
+        assert created and rec.revision == revision + 1  # the failed commit wrote nothing
+        assert [r.request_uid for r in (await store.list_server("ns", "echo")).epochs] == [
+            "before",
+            "after",
+        ]
+    finally:
+        await store.close()
+    assert "Exception during reset" not in caplog.text
 
 
 def test_a_follower_tells_its_own_change_notices_from_other_processes() -> None:
