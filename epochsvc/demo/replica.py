@@ -23,8 +23,10 @@ of this process only.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +54,7 @@ SERVER_NAME = "mcp-epoch-demo"
 REPLICA = {"name": "?"}
 #: The sidecar kind's upstream server, stopped once the sidecar has drained.
 UPSTREAM: list[subprocess.Popen[str]] = []
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class Answer(BaseModel):
@@ -215,6 +218,7 @@ def start_upstream() -> int:
         stdout=subprocess.PIPE,
         stderr=sys.stderr,
         text=True,
+        preexec_fn=_end_with(os.getpid()),
     )
     UPSTREAM.append(proc)
     assert proc.stdout is not None
@@ -222,6 +226,23 @@ def start_upstream() -> int:
     if not line:
         raise RuntimeError(f"the TypeScript server exited with {proc.wait()}")
     return int(json.loads(line)["port"])
+
+
+def _end_with(parent: int) -> Callable[[], None] | None:
+    """What the TypeScript server runs before it starts: the kernel sends it SIGTERM when
+    this replica dies, however it dies. A replica SIGKILLed at the end of its grace period
+    runs no ``finally``, and its server would outlive it. (Linux only: elsewhere, None.)"""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    except (OSError, AttributeError):
+        return None
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the replica died before the line above: end now
+            os._exit(1)
+
+    return in_child
 
 
 def stop_upstream() -> None:
