@@ -89,7 +89,8 @@ def run(
             if commit:
                 raw.commit()
     except psycopg.OperationalError:
-        conn.invalidate()  # the connection is gone: the next transaction gets a new one
+        if raw.broken or raw.closed:  # lost, not refused: the next transaction gets a new one
+            conn.invalidate()
         raise
     if closing:
         conn.info[_CLOSED] = True

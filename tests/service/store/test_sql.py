@@ -286,6 +286,25 @@ async def test_postgres_two_processes_stepping_one_ring_step_it_once(postgres: o
         assert ring is not None and ring.phase.value == "steady" and len(ring.keys) == 1
 
 
+async def test_postgres_statements_are_planned_for_their_parameters(
+    postgres: PostgresServer,
+) -> None:
+    """No statement is prepared on the server, where PostgreSQL would soon plan it once for
+    any parameters: planned while the ledger was small, the issue read the whole epochs table
+    on every commit ever after, slower as the ledger grew."""
+    store = await open_store(postgres.new_database())
+    try:
+        for n in range(12):  # past psycopg's threshold (5) and the server's custom plans (5)
+            await store.issue("ns", "echo", f"r{n}")
+            await store.list_server("ns", "echo")
+        for engine in (store._writer, store._reader):  # the writer's one session, a reader's
+            with engine.connect() as conn:
+                names = conn.exec_driver_sql("SELECT name FROM pg_prepared_statements")
+                assert names.scalars().all() == []
+    finally:
+        await store.close()
+
+
 async def test_postgres_a_writer_connection_lost_while_idle_is_found_before_a_commit(
     postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
