@@ -18,12 +18,6 @@ T = TypeVar("T")
 
 #: Threads (and pooled connections) for blocking reads.
 READ_THREADS = 4
-#: psycopg's connection arguments: no server-side prepared statements. psycopg prepares a
-#: statement once it has run five times, and PostgreSQL soon plans it once for any parameters.
-#: Made while the ledger was small, the issue's plan read the whole epochs table twice (hash
-#: joins), and kept doing so as the ledger grew: the statement took 2.1 ms at 4,000 epochs and
-#: 8.8 ms at 19,000. Planned for its parameters each time, it stays at 1.3-1.4 ms.
-PG_ARGS: dict[str, Any] = {"prepare_threshold": None}
 #: A writer connection unused for this long is pinged before its next commit.
 WRITER_IDLE_PING_SECONDS = 1.0
 
@@ -49,11 +43,34 @@ def describe_url(url: str) -> str:
         return "<unparseable database URL>"
 
 
+def plan_for_parameters(engine: Engine) -> Engine:
+    """Every session of ``engine`` plans each statement for its own parameters
+    (``plan_cache_mode = force_custom_plan``), prepared or not.
+
+    psycopg prepares a statement on the server once it has run five times, and PostgreSQL
+    may then keep one generic plan for any parameters. Made while the ledger was small, the
+    issue's generic plan read the whole epochs table twice (hash joins) on every commit ever
+    after: 2.1 ms at 4,000 epochs, 8.8 ms at 19,000. Only an autoanalyze replaced it.
+    Unprepared, each issue cost 2.2-2.7 ms (its text parsed each time); prepared and planned
+    each time, 1.7 ms, whatever the ledger's size. A ``SET`` at connect, not a startup option,
+    so that a pooler in session mode passes it."""
+
+    @event.listens_for(engine, "connect")
+    def _custom_plans(dbapi_conn: Any, _record: Any) -> None:
+        autocommit = dbapi_conn.autocommit
+        dbapi_conn.autocommit = True
+        try:
+            dbapi_conn.execute("SET plan_cache_mode = force_custom_plan")
+        finally:
+            dbapi_conn.autocommit = autocommit
+
+    return engine
+
+
 def postgres_engine(url: sa.URL) -> Engine:
     """One pool shared by the readers and the follower."""
-    return create_engine(
-        url, pool_size=READ_THREADS + 1, max_overflow=3, pool_pre_ping=True, connect_args=PG_ARGS
-    )
+    engine = create_engine(url, pool_size=READ_THREADS + 1, max_overflow=3, pool_pre_ping=True)
+    return plan_for_parameters(engine)
 
 
 def postgres_writer_engine(url: sa.URL) -> Engine:
@@ -67,7 +84,7 @@ def postgres_writer_engine(url: sa.URL) -> Engine:
     catches, a connection lost between a busy writer's commits, fails that one commit with
     503, as the database failing mid-commit always could; the ledger stays whole either way.
     """
-    engine = create_engine(url, pool_size=1, max_overflow=0, pool_timeout=30, connect_args=PG_ARGS)
+    engine = plan_for_parameters(create_engine(url, pool_size=1, max_overflow=0, pool_timeout=30))
 
     @event.listens_for(engine, "checkin")
     def _note_checkin(_dbapi_conn: Any, record: Any) -> None:
@@ -94,12 +111,8 @@ def postgres_revision_engine(url: sa.URL) -> Engine:
     (no BEGIN, no ROLLBACK) and no liveness ping at check-out, one round trip in all where
     the shared pool's took four. A connection the database dropped fails its statement, and
     the read is sent again on a fresh one (:func:`read_once_more`)."""
-    return create_engine(
-        url,
-        pool_size=2,
-        max_overflow=READ_THREADS,
-        isolation_level="AUTOCOMMIT",
-        connect_args=PG_ARGS,
+    return plan_for_parameters(
+        create_engine(url, pool_size=2, max_overflow=READ_THREADS, isolation_level="AUTOCOMMIT")
     )
 
 
