@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -103,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         args.requests, args.events = 300, 3000
     work = Path(tempfile.mkdtemp(prefix="bench-forward-"))
     with EpochServiceProcess(f"sqlite:///{work}/ledger.db", work / "epochsvc.log") as svc:
-        a, b = _launch(svc, "a"), _launch(svc, "b")
+        # Started side by side: each start is mostly a Python process importing its modules.
+        with ThreadPoolExecutor(2) as starting:
+            a, b = starting.map(lambda name: _launch(svc, name), ("a", "b"))
         try:
             with httpx.Client(timeout=30.0) as http:
                 session = RawSession(a.url, http).initialize()

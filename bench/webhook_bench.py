@@ -41,12 +41,19 @@ from bench.verdict import Ratio
 from mcp_epoch.contract import SERVER_LABEL
 from tests.cluster.harness import Cluster
 from tests.cluster.kube import ApiException, Kube
-from tests.operator.support import OperatorProcess, install_crd, make_namespace, operator_running
+from tests.operator.support import (
+    Metrics,
+    OperatorProcess,
+    install_crd,
+    make_namespace,
+    operator_running,
+)
 from tests.support.epochsvc_proc import EpochServiceProcess
 
 #: The operator's own admission p99, above the floor's in the same round.
 TARGET_OWN_ADDED_P99_MS = 10.0
 HISTOGRAM = "mcp_epoch_operator_webhook_seconds"
+WAITS = "mcp_epoch_operator_epoch_pool_waits_total"
 #: The operator's own default (``--resync-interval``), not the tests' 2 s: a sweep lists every
 #: labelled pod, and in a 200-pod burst one every 2 s is load no cluster runs with.
 DEFAULT_RESYNC_SECONDS = 30.0
@@ -122,9 +129,11 @@ def _line(label: str, lat: list[float]) -> str:
     )
 
 
-def _buckets(op: OperatorProcess, outcome: str) -> list[float]:
+def _buckets(scrape: Metrics, outcome: str) -> list[float]:
     """The cumulative bucket counts of the operator's admission histogram for ``outcome``."""
-    return [op.metric(f"{HISTOGRAM}_bucket", le=str(le), outcome=outcome) for le in WEBHOOK_BUCKETS]
+    return [
+        scrape.value(f"{HISTOGRAM}_bucket", le=str(le), outcome=outcome) for le in WEBHOOK_BUCKETS
+    ]
 
 
 def _p99_ms(before: list[float], after: list[float]) -> float:
@@ -145,13 +154,17 @@ def own_rounds(
     an epoch above the dry runs' p99, from the operator's own histogram."""
     added: list[float] = []
     labelled = {SERVER_LABEL: "bench"}
+    assert op.proc is not None
     for r in range(rounds):
-        issued0, floor0 = _buckets(op, "issued"), _buckets(op, "skipped")
-        waits = op.metric("mcp_epoch_operator_epoch_pool_waits_total")
+        # Each burst meets a settled operator: the last one's watch events handled and its
+        # pool refilled, as a burst after a quiet spell does.
+        _settled_cpu(op.proc.pid)
+        before = op.metrics()
         burst(cluster, ns, f"own-{r}", 2 * pods, concurrency, labelled, dry_every=2)
-        issued = _p99_ms(issued0, _buckets(op, "issued"))
-        floor = _p99_ms(floor0, _buckets(op, "skipped"))
-        waits = op.metric("mcp_epoch_operator_epoch_pool_waits_total") - waits
+        after = op.metrics()
+        issued = _p99_ms(_buckets(before, "issued"), _buckets(after, "issued"))
+        floor = _p99_ms(_buckets(before, "skipped"), _buckets(after, "skipped"))
+        waits = after.value(WAITS) - before.value(WAITS)
         added.append(issued - floor)
         print(
             f"  round {r + 1}: p99 <= {issued:g} ms with an epoch ({waits:.0f} waited for a "
@@ -169,11 +182,12 @@ def own_rounds(
 
 def _histogram_p99(op: OperatorProcess, name: str, **labels: str) -> tuple[float, float, float]:
     """(count, mean ms, p99 upper bound ms) of one of the operator's histograms."""
-    count = op.metric(f"{name}_count", **labels)
-    total = op.metric(f"{name}_sum", **labels)
+    scrape = op.metrics()
+    count = scrape.value(f"{name}_count", **labels)
+    total = scrape.value(f"{name}_sum", **labels)
     p99 = float("inf")
     for le in WEBHOOK_BUCKETS:
-        if op.metric(f"{name}_bucket", le=str(le), **labels) >= 0.99 * count:
+        if scrape.value(f"{name}_bucket", le=str(le), **labels) >= 0.99 * count:
             p99 = le
             break
     return count, (total / count * 1e3 if count else 0.0), p99 * 1e3

@@ -12,11 +12,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from mcp_epoch import api
 from tests.cluster.harness import Cluster
@@ -50,6 +52,21 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
 
 
 _PEER_HOSTS = itertools.count()
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The samples of one scrape: read many from it, and they agree with each other (and a
+    histogram's buckets cost one scrape, not one each)."""
+
+    samples: list[Sample]
+
+    def value(self, name: str, **labels: str) -> float:
+        """One sample's value (0 when the scrape has none yet)."""
+        for sample in self.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+        return 0.0
 
 
 class OperatorProcess:
@@ -119,16 +136,14 @@ class OperatorProcess:
             ),
         ]
 
+    def metrics(self) -> Metrics:
+        """One scrape of the operator's ``/metrics``, every sample of it at one moment."""
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        return Metrics([s for f in text_string_to_metric_families(text) for s in f.samples])
+
     def metric(self, name: str, **labels: str) -> float:
         """One sample of the operator's ``/metrics`` (0 when it has none yet)."""
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and all(
-                    sample.labels.get(k) == v for k, v in labels.items()
-                ):
-                    return float(sample.value)
-        return 0.0
+        return self.metrics().value(name, **labels)
 
     def start(self) -> OperatorProcess:
         assert self.proc is None, "already running"
