@@ -63,16 +63,31 @@ def tally(statements: int, *, begins: bool = False, commits: bool = False) -> No
 
 class Closer(Protocol):
     """How a transaction ends on this database beyond the ``COMMIT`` (PostgreSQL: the
-    change notification, :class:`.pipeline.Closing`)."""
+    change notification, :class:`.pipeline.Closing`). A unit that ended the transaction
+    itself said so to :func:`tally` (``commits``)."""
 
     def offer(self, conn: Connection) -> None:
         """The unit about to run is the whole transaction: it may end it itself."""
 
-    def withdraw(self, conn: Connection) -> bool:
-        """The unit has run: take the offer back; whether the unit ended the transaction."""
+    def withdraw(self, conn: Connection) -> None:
+        """The unit has run: take the offer back."""
 
     def close(self, conn: Connection) -> None:
-        """End the transaction."""
+        """End the transaction (one the unit did not end)."""
+
+
+class CommitAlone:
+    """The :class:`Closer` of a database where the ``COMMIT`` alone ends a transaction, which
+    the engine's transaction sends (SQLite)."""
+
+    def offer(self, conn: Connection) -> None:
+        pass
+
+    def withdraw(self, conn: Connection) -> None:
+        pass
+
+    def close(self, conn: Connection) -> None:
+        pass
 
 
 class NoChange(Exception):
@@ -93,7 +108,7 @@ class GroupCommitter:
         closer: Closer | None = None,
     ) -> None:
         self._engine = engine
-        self._closer = closer
+        self._closer = closer or CommitAlone()
         self._wrap = wrap_errors
         self._on_commit = on_commit
         # Queued by the event loop, taken by the writer thread, under the condition's lock.
@@ -216,8 +231,7 @@ class GroupCommitter:
                 for unit in units:
                     for i, outcome in zip(unit.members, _isolated(conn, unit), strict=True):
                         outcomes[i] = outcome
-                if self._closer is not None:
-                    self._closer.close(conn)
+                self._closer.close(conn)
             return outcomes
         finally:
             stats = self.stats
@@ -239,18 +253,14 @@ class GroupCommitter:
         closer = self._closer
         try:
             with self._engine.begin() as conn:
-                ended = False
-                if closer is not None:
-                    closer.offer(conn)
-                    try:
-                        outcomes, stands = _run(conn, unit)
-                    finally:
-                        ended = closer.withdraw(conn)
-                else:
+                closer.offer(conn)
+                try:
                     outcomes, stands = _run(conn, unit)
+                finally:
+                    closer.withdraw(conn)
                 if not stands:
                     raise _RolledBack(outcomes)
-                if closer is not None and not ended:
+                if not _active.committed:
                     closer.close(conn)
         except _RolledBack as rolled_back:
             return rolled_back.outcomes

@@ -33,7 +33,6 @@ from epochsvc.service.store.groupcommit import tally
 Statement = tuple[str, Mapping[str, Any] | None]
 
 _CLOSING = "epochsvc.closing"  # Connection.info: the statements offered (Closing.offer)
-_CLOSED = "epochsvc.closed"  # Connection.info: a last pipeline sent them and committed
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,15 +44,13 @@ class Closing:
 
     def offer(self, conn: Connection) -> None:
         """The transaction on ``conn`` may end with its next ``last`` pipeline, which then
-        sends these statements and the ``COMMIT`` with its own."""
-        conn.info.pop(_CLOSED, None)
+        sends these statements and the ``COMMIT`` with its own (and tells :func:`.tally`)."""
         conn.info[_CLOSING] = self.statements
 
-    def withdraw(self, conn: Connection) -> bool:
-        """Take the offer back (the info lasts as long as the connection); whether a last
-        pipeline took it up, and so ended the transaction."""
+    def withdraw(self, conn: Connection) -> None:
+        """Take the offer back: the info lasts as long as the connection, and an offer left
+        there would let a later transaction's pipeline commit it halfway."""
         conn.info.pop(_CLOSING, None)
-        return bool(conn.info.pop(_CLOSED, False))
 
     def close(self, conn: Connection) -> None:
         """End the transaction with these statements and the ``COMMIT``."""
@@ -92,7 +89,5 @@ def run(
         if raw.broken or raw.closed:  # lost, not refused: the next transaction gets a new one
             conn.invalidate()
         raise
-    if closing:
-        conn.info[_CLOSED] = True
     tally(len(cursors), begins=begins, commits=commit)
     return [c.fetchall() if c.description is not None else [] for c in cursors[: len(statements)]]
