@@ -16,9 +16,12 @@ registered. Measured in one run:
 * the operator's own admission time (its histogram ``mcp_epoch_operator_webhook_seconds``)
   in rounds: bursts of labelled pods where every other create is a server-side dry run, the
   floor (the same path, admitted under the same load at the same time, but an admission that
-  issues nothing). Target: the p99 of the admissions that get an epoch at most 10 ms above
-  the dry runs' p99 in the same round. Beside it, how many admissions waited for a refill,
-  and the refills' own time (the epoch service's durable issues, kept off the admissions);
+  issues nothing). Each burst begins once the operator has gone quiet after the last one
+  (its watch events handled, its pool refilled), as a burst after a quiet spell would; the
+  histogram is read in one scrape before and one after. Target: the p99 of the admissions
+  that get an epoch at most 10 ms above the dry runs' p99 in the same round. Beside it, how
+  many admissions waited for a refill, and the refills' own time (the epoch service's durable
+  issues, kept off the admissions);
 * the operator's CPU time while ``--unlabelled`` pods it must ignore are created and run,
   against the same wall time idle, per 1,000 pods.
 """
