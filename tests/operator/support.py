@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from mcp_epoch import api
 from tests.cluster.harness import Cluster
 from tests.support.epochsvc_proc import EpochServiceProcess
+from tests.support.metrics import find, samples
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,10 +63,8 @@ class Metrics:
 
     def value(self, name: str, **labels: str) -> float:
         """One sample's value (0 when the scrape has none yet)."""
-        for sample in self.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-        return 0.0
+        found = find(self.samples, name, **labels)
+        return 0.0 if found is None else found
 
 
 class OperatorProcess:
@@ -139,7 +137,7 @@ class OperatorProcess:
     def metrics(self) -> Metrics:
         """One scrape of the operator's ``/metrics``, every sample of it at one moment."""
         text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        return Metrics([s for f in text_string_to_metric_families(text) for s in f.samples])
+        return Metrics(samples(text))
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample of the operator's ``/metrics`` (0 when it has none yet)."""

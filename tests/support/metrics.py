@@ -3,7 +3,10 @@ could select."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 #: The series a family of each type exposes (the parser strips a counter's ``_total``).
 _SUFFIXES = {
@@ -15,13 +18,23 @@ _SUFFIXES = {
 }
 
 
-def sample(text: str, name: str, **labels: str) -> float | None:
+def samples(text: str) -> list[Sample]:
+    """Every sample of an exposition, parsed once: many are then read from one scrape."""
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def find(among: Iterable[Sample], name: str, **labels: str) -> float | None:
     """The value of the sample ``name`` whose labels include ``labels`` (None: no such one)."""
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
+    for s in among:
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            return float(s.value)
     return None
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """:func:`find` in an exposition's text, parsed only up to the sample."""
+    parsed = (s for family in text_string_to_metric_families(text) for s in family.samples)
+    return find(parsed, name, **labels)
 
 
 def series_names(text: str) -> set[str]:
