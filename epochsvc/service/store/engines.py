@@ -69,8 +69,9 @@ def plan_for_parameters(engine: Engine) -> Engine:
 
 def postgres_engine(url: sa.URL) -> Engine:
     """One pool shared by the readers and the follower."""
-    engine = create_engine(url, pool_size=READ_THREADS + 1, max_overflow=3, pool_pre_ping=True)
-    return plan_for_parameters(engine)
+    return plan_for_parameters(
+        create_engine(url, pool_size=READ_THREADS + 1, max_overflow=3, pool_pre_ping=True)
+    )
 
 
 def postgres_writer_engine(url: sa.URL) -> Engine:

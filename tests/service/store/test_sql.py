@@ -297,8 +297,8 @@ async def test_postgres_statements_are_planned_for_their_parameters(
         for n in range(12):  # past psycopg's threshold (5) and the server's custom plans (5)
             await store.issue("ns", "echo", f"r{n}")
             await store.list_server("ns", "echo")
-        engines_ = (store._writer, store._reader, store._revision_reader)
-        for engine in engines_:  # the writer's one session, a reader's, the barrier's
+        # The writer's one session, a reader's, the read barrier's.
+        for engine in (store._writer, store._reader, store._revision_reader):
             assert engine is not None
             with engine.connect() as conn:
                 mode = conn.exec_driver_sql("SHOW plan_cache_mode").scalar()
